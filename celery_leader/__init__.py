@@ -1,0 +1,45 @@
+"""Leader election for Celery: leader-only tasks, a single active beat, fencing tokens."""
+
+from __future__ import annotations
+
+from celery_leader.exceptions import (
+    ConfigurationError,
+    LeaseError,
+    LeaseLost,
+    StoreAuthError,
+    StoreError,
+)
+from celery_leader.lease import (
+    EventKind,
+    LeaseEvent,
+    LeaseManager,
+    LeaseState,
+    LossReason,
+    Role,
+    Term,
+)
+from celery_leader.settings import LeaderSettings, load_settings
+from celery_leader.stores import open_store
+from celery_leader.timing import LeaseTiming
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "ConfigurationError",
+    "EventKind",
+    "LeaderSettings",
+    "LeaseError",
+    "LeaseEvent",
+    "LeaseLost",
+    "LeaseManager",
+    "LeaseState",
+    "LeaseTiming",
+    "LossReason",
+    "Role",
+    "StoreAuthError",
+    "StoreError",
+    "Term",
+    "__version__",
+    "load_settings",
+    "open_store",
+]

@@ -1,0 +1,505 @@
+"""LeaseManager: one election, one daemon thread, no Celery.
+
+Safety statement
+----------------
+At any instant at most one manager of an election believes it leads, provided
+
+* the store honours its TTL (expiry no earlier than ``ttl`` after it processed
+  a grant), and
+* local clocks advance at roughly the same rate as the store's: the drift over
+  one ttl stays below ``margin``.
+
+Validity is counted on the monotonic clock from the moment the acquire or
+renew request was *sent*: ``valid_until = t_sent + ttl - margin``. Renewals
+start every ``renew_interval``; a renewal is started only when it can finish
+(every store call is bounded by ``op_timeout``) before ``valid_until``, and
+otherwise the lease is declared lost at once. :meth:`LeaseManager.is_leader`
+compares the clock with ``valid_until`` on every call, so it turns false on
+time even when the manager thread is stuck or the process was paused.
+
+When those assumptions break (a process paused past its lease, a clock that
+jumps), fencing tokens still protect downstream writes: every term has a token
+strictly greater than all earlier ones, so a store of yours can refuse a write
+that carries an older token.
+
+Error handling
+--------------
+Store errors never leave the thread. A leader that cannot renew in time steps
+down (``LeaseEvent`` with kind ``LOST``); a follower keeps trying with capped,
+jittered exponential backoff. The first error of a streak is logged once, with
+secrets masked; recovery is logged too. Listeners run in the manager thread,
+outside its lock; one that raises is logged and does not stop the manager.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from celery_leader._masking import mask_text
+from celery_leader.exceptions import StoreAuthError, StoreError
+from celery_leader.stores.base import Holder, LeaseStore, Watch
+from celery_leader.timing import LeaseTiming
+
+logger = logging.getLogger(__name__)
+
+
+class Role(enum.Enum):
+    """Where a manager stands in its election."""
+
+    FOLLOWER = "follower"
+    #: The store granted the lease but it lost its data earlier: wait one ttl.
+    HOLDING = "holding"
+    LEADER = "leader"
+
+
+class LossReason(str, enum.Enum):
+    """Why a leader stopped leading without choosing to."""
+
+    #: The store said the lease is no longer ours (taken over, or data lost).
+    RENEW_REJECTED = "renew-rejected"
+    #: No renewal could be confirmed before the lease would run out.
+    STORE_UNREACHABLE = "store-unreachable"
+    #: The manager found its validity already over (process paused, thread stuck).
+    EXPIRED = "expired"
+    #: The liveness check said the process is not fit to lead.
+    NOT_LIVE = "not-live"
+
+
+class EventKind(enum.Enum):
+    """What happened to a term."""
+
+    ELECTED = "elected"
+    RENEWED = "renewed"
+    LOST = "lost"
+    RELEASED = "released"
+
+
+@dataclass(frozen=True)
+class Term:
+    """One leadership term, as this manager sees it (monotonic-clock times)."""
+
+    token: int
+    elected_at: float
+    valid_until: float
+
+
+@dataclass(frozen=True)
+class LeaseEvent:
+    """Sent to listeners when a term begins, is renewed, is lost or is released."""
+
+    kind: EventKind
+    name: str
+    term: Term
+    reason: LossReason | None = None
+    at: float = 0.0
+    """Monotonic time of the change: for LOST and RELEASED, when the manager
+    stopped believing it leads (before any release reached the store)."""
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """A consistent snapshot of a manager's view."""
+
+    role: Role
+    token: int | None
+    valid_until: float | None
+    """Monotonic end of validity, or None when not holding."""
+
+    def is_leader(self, now: float) -> bool:
+        """True when this snapshot says "leader" and validity has not run out at *now*."""
+        return self.role is Role.LEADER and self.valid_until is not None and now < self.valid_until
+
+
+_FOLLOWER = LeaseState(Role.FOLLOWER, None, None)
+
+Listener = Callable[[LeaseEvent], None]
+
+
+@dataclass
+class _Held:
+    """What the manager thread knows about a lease it holds (thread-private)."""
+
+    token: int
+    valid_until: float
+    next_renew_at: float
+    hold_until: float
+    elected_at: float | None = None
+
+    def term(self) -> Term:
+        return Term(self.token, self.elected_at or 0.0, self.valid_until)
+
+
+class LeaseManager:
+    """Runs one election against a lease store in a daemon thread.
+
+    Use :meth:`start` once, read :meth:`is_leader` / :meth:`state` from any
+    thread, and :meth:`stop` (which releases the lease) at the end.
+    """
+
+    def __init__(
+        self,
+        store: LeaseStore,
+        name: str,
+        timing: LeaseTiming,
+        *,
+        holder: Holder | None = None,
+        listeners: tuple[Listener, ...] = (),
+        liveness: Callable[[], bool] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rand: Callable[[], float] = random.random,
+        event_factory: Callable[[], threading.Event] = threading.Event,
+        thread_factory: Callable[..., threading.Thread] = threading.Thread,
+    ) -> None:
+        self.store = store
+        self.name = name
+        self.timing = timing
+        self.holder = holder or Holder.for_this_process()
+        self._listeners: list[Listener] = list(listeners)
+        self._liveness = liveness
+        self._clock = clock
+        self._rand = rand
+        self._thread_factory = thread_factory
+        self._lock = threading.Lock()
+        self._state = _FOLLOWER
+        self._wake = event_factory()
+        self._stopping = False
+        self._release_on_stop = True
+        self._step_down: tuple[float, threading.Event] | None = None
+        self._sit_out_until = 0.0
+        self._held: _Held | None = None
+        self._max_token = 0
+        self._failures = 0
+        self._last_error: str | None = None
+        self._foreign_logged = False
+        self._thread: threading.Thread | None = None
+
+    # -- reading (any thread) -------------------------------------------------
+
+    def state(self) -> LeaseState:
+        """A snapshot of role, token and validity."""
+        with self._lock:
+            return self._state
+
+    def is_leader(self) -> bool:
+        """True while this manager leads and its validity has not run out."""
+        return self.state().is_leader(self._clock())
+
+    def current_token(self) -> int | None:
+        """The fencing token of the current term, or None when not leading."""
+        state = self.state()
+        return state.token if state.is_leader(self._clock()) else None
+
+    def time_left(self) -> float | None:
+        """Seconds of validity left when leading, else None."""
+        state = self.state()
+        now = self._clock()
+        if not state.is_leader(now) or state.valid_until is None:
+            return None
+        return state.valid_until - now
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call *listener* with every :class:`LeaseEvent` from now on."""
+        self._listeners.append(listener)
+
+    @property
+    def running(self) -> bool:
+        """True between :meth:`start` and the end of :meth:`stop`."""
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- control (any thread) -------------------------------------------------
+
+    def start(self) -> None:
+        """Start competing. Returns at once; the first attempt runs in the thread."""
+        if self._thread is not None:
+            raise RuntimeError("LeaseManager.start() called twice")
+        self._thread = self._thread_factory(
+            target=self._run, name=f"celery-leader[{self.name}]", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, *, release: bool = True, timeout: float | None = None) -> None:
+        """Stop competing; when leading, stop leading and (by default) release.
+
+        Blocks until the thread ended, at most *timeout* seconds (default: a
+        few store timeouts). Listeners see ``RELEASED`` for a held term.
+        """
+        self._release_on_stop = release
+        self._stopping = True
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self.timing.op_timeout * 3 + 1 if timeout is None else timeout)
+
+    def step_down(self, sit_out: float | None = None, timeout: float | None = None) -> bool:
+        """Release the lease if held, then sit out *sit_out* seconds (default one ttl).
+
+        Returns True when a held lease was given up (within *timeout*).
+        """
+        done = threading.Event()
+        with self._lock:
+            was_holding = self._state.role is not Role.FOLLOWER
+            self._step_down = (self.timing.ttl if sit_out is None else sit_out, done)
+        self._wake.set()
+        finished = done.wait(self.timing.op_timeout * 3 + 1 if timeout is None else timeout)
+        return was_holding and finished
+
+    def wait_for_leadership(self, timeout: float) -> bool:
+        """Block until this manager leads, at most *timeout* seconds (for tests, demos)."""
+        deadline = self._clock() + timeout
+        while self._clock() < deadline:
+            if self.is_leader():
+                return True
+            time.sleep(0.01)
+        return self.is_leader()
+
+    # -- the thread -----------------------------------------------------------
+
+    def _run(self) -> None:
+        watch = self._open_watch()
+        try:
+            while not self._stopping:
+                self._wake.clear()
+                try:
+                    delay = self._step()
+                except Exception:  # the thread must survive anything a store does
+                    logger.exception("celery-leader: unexpected error in election %r", self.name)
+                    delay = self.timing.renew_interval
+                if delay > 0 and not self._stopping:
+                    self._wake.wait(delay)
+        finally:
+            self._give_up(release=self._release_on_stop)
+            if watch is not None:
+                watch.close()
+
+    def _open_watch(self) -> Watch | None:
+        try:
+            return self.store.watch(self.name, self._on_store_change)
+        except Exception:
+            logger.warning(
+                "celery-leader: release notifications for %r unavailable; followers will "
+                "wait for expiry",
+                self.name,
+                exc_info=True,
+            )
+            return None
+
+    def _on_store_change(self) -> None:
+        if self._held is None:
+            self._wake.set()
+
+    def _step(self) -> float:
+        """Do what is due now; return seconds until something is due next."""
+        request = self._step_down
+        if request is not None:
+            self._step_down = None
+            sit_out, done = request
+            self._give_up(release=True)
+            self._sit_out_until = self._clock() + sit_out
+            done.set()
+        if self._held is None:
+            return self._try_acquire()
+        return self._keep()
+
+    def _try_acquire(self) -> float:
+        now = self._clock()
+        if now < self._sit_out_until:
+            return self._sit_out_until - now
+        t_sent = self._clock()
+        try:
+            result = self.store.acquire(self.name, self.holder, self.timing.ttl, self._max_token)
+        except StoreError as exc:
+            self._store_failed(exc)
+            return self.timing.acquire_backoff(self._failures, self._rand())
+        t_recv = self._clock()
+        self._store_ok()
+        jitter = self.timing.follower_jitter(self._rand())
+        if not result.acquired:
+            if result.foreign and result.retry_in is None:
+                if not self._foreign_logged:
+                    logger.error(
+                        "celery-leader: the lease slot of election %r in %s holds a value "
+                        "celery-leader did not write, with no expiry; nobody can lead until "
+                        "it is removed",
+                        self.name,
+                        self.store.url,
+                    )
+                    self._foreign_logged = True
+                return self.timing.ttl
+            self._foreign_logged = False
+            # Wake when the current lease would end; a release notification
+            # wakes us sooner.
+            retry_in = self.timing.ttl if result.retry_in is None else result.retry_in
+            return max(0.0, retry_in) + 0.005 + jitter
+        assert result.token is not None
+        self._max_token = max(self._max_token, result.token)
+        held = _Held(
+            token=result.token,
+            valid_until=self.timing.valid_until(t_sent),
+            next_renew_at=t_sent + self.timing.renew_interval,
+            hold_until=t_recv + result.hold_off,
+        )
+        if result.hold_off > 0:
+            logger.warning(
+                "celery-leader: the store of election %r lost its data (or is new); "
+                "holding off %.1f s before leading, in case an earlier leader still acts",
+                self.name,
+                result.hold_off,
+            )
+            with self._lock:
+                self._state = LeaseState(Role.HOLDING, held.token, held.valid_until)
+        self._held = held
+        return self._keep()
+
+    def _keep(self) -> float:
+        held = self._held
+        assert held is not None
+        now = self._clock()
+        if now >= held.valid_until:
+            self._lose(LossReason.EXPIRED)
+            return 0.0
+        if now >= held.next_renew_at:
+            if self._liveness is not None and not self._is_live():
+                self._lose(LossReason.NOT_LIVE)
+                return self.timing.renew_interval
+            if not self.timing.can_renew_in_time(now, held.valid_until):
+                self._lose(LossReason.STORE_UNREACHABLE)
+                return 0.0
+            if not self._renew(held):
+                return 0.0
+            now = self._clock()
+        if held.elected_at is None and now >= held.hold_until:
+            self._elect(held, now)
+        wake_at = held.next_renew_at
+        if held.elected_at is None:
+            wake_at = min(wake_at, held.hold_until)
+        return max(0.0, wake_at - self._clock())
+
+    def _is_live(self) -> bool:
+        assert self._liveness is not None
+        try:
+            return bool(self._liveness())
+        except Exception:
+            logger.exception("celery-leader: liveness check raised; treating as not live")
+            return False
+
+    def _renew(self, held: _Held) -> bool:
+        """One renewal attempt; False when the lease was lost."""
+        t_sent = self._clock()
+        try:
+            ok = self.store.renew(self.name, self.holder.lease_id, self.timing.ttl)
+        except StoreError as exc:
+            self._store_failed(exc)
+            held.next_renew_at = self._clock() + self.timing.renew_retry_delay(self._rand())
+            return True
+        self._store_ok()
+        if not ok:
+            self._lose(LossReason.RENEW_REJECTED)
+            return False
+        held.valid_until = self.timing.valid_until(t_sent)
+        held.next_renew_at = t_sent + self.timing.renew_interval
+        if held.elected_at is not None:
+            with self._lock:
+                self._state = LeaseState(Role.LEADER, held.token, held.valid_until)
+            self._emit(EventKind.RENEWED, held.term())
+        else:
+            with self._lock:
+                self._state = replace(self._state, valid_until=held.valid_until)
+        return True
+
+    def _elect(self, held: _Held, now: float) -> None:
+        held.elected_at = now
+        with self._lock:
+            self._state = LeaseState(Role.LEADER, held.token, held.valid_until)
+        logger.info(
+            "celery-leader: %s leads election %r (token %d)",
+            self.holder.nodename,
+            self.name,
+            held.token,
+        )
+        self._emit(EventKind.ELECTED, held.term())
+
+    def _lose(self, reason: LossReason) -> None:
+        held = self._held
+        self._held = None
+        with self._lock:
+            self._state = _FOLLOWER
+        stopped_at = self._clock()
+        if held is not None and held.elected_at is not None:
+            logger.warning(
+                "celery-leader: %s lost the lead of election %r (token %d): %s",
+                self.holder.nodename,
+                self.name,
+                held.token,
+                reason.value,
+            )
+            self._emit(EventKind.LOST, held.term(), reason, at=stopped_at)
+
+    def _give_up(self, *, release: bool) -> None:
+        """Stop leading, then release in the store: never the other way round."""
+        held = self._held
+        if held is None:
+            return
+        self._held = None
+        with self._lock:
+            self._state = _FOLLOWER
+        stopped_at = self._clock()
+        if release:
+            try:
+                self.store.release(self.name, self.holder.lease_id)
+            except StoreError as exc:
+                logger.warning(
+                    "celery-leader: could not release election %r (it will expire): %s",
+                    self.name,
+                    exc,
+                )
+        if held.elected_at is not None:
+            logger.info(
+                "celery-leader: %s released election %r (token %d)",
+                self.holder.nodename,
+                self.name,
+                held.token,
+            )
+            self._emit(EventKind.RELEASED, held.term(), at=stopped_at)
+
+    def _emit(
+        self,
+        kind: EventKind,
+        term: Term,
+        reason: LossReason | None = None,
+        *,
+        at: float | None = None,
+    ) -> None:
+        event = LeaseEvent(kind, self.name, term, reason, self._clock() if at is None else at)
+        for listener in list(self._listeners):
+            try:
+                listener(event)
+            except Exception:
+                logger.exception("celery-leader: a %s listener raised", kind.value)
+
+    def _store_failed(self, exc: StoreError) -> None:
+        self._failures += 1
+        message = mask_text(str(exc))
+        if message != self._last_error:
+            hint = (
+                " (check the credentials in leader_backend_url)"
+                if isinstance(exc, StoreAuthError)
+                else ""
+            )
+            logger.error(
+                "celery-leader: election %r: %s%s; will keep trying", self.name, message, hint
+            )
+            self._last_error = message
+        else:
+            logger.debug("celery-leader: election %r: %s (again)", self.name, message)
+
+    def _store_ok(self) -> None:
+        if self._last_error is not None:
+            logger.info("celery-leader: election %r: lease store reachable again", self.name)
+        self._failures = 0
+        self._last_error = None

@@ -1,0 +1,133 @@
+"""The ``leader_*`` settings of a Celery app, with defaults and validation.
+
+Every problem is reported at start as one :class:`ConfigurationError` line
+that names the setting, the value given and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from celery_leader._masking import mask_url
+from celery_leader.exceptions import ConfigurationError
+from celery_leader.stores.registry import store_class
+from celery_leader.timing import LeaseTiming
+
+#: Lease length when ``leader_lease_ttl`` is not set, in seconds.
+DEFAULT_TTL = 5.0
+
+ERR_NO_BACKEND = (
+    "leader_backend_url is not set and the broker ({broker}) is not Redis: set "
+    "leader_backend_url to a redis://, rediss://, unix://, azureblob:// or sqlite:/// URL"
+)
+
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+@dataclass(frozen=True)
+class LeaderSettings:
+    """Validated settings of one election."""
+
+    backend_url: str
+    name: str
+    queue: str
+    timing: LeaseTiming
+    store_options: Mapping[str, Any]
+
+    @property
+    def masked_backend_url(self) -> str:
+        """The store URL with secrets masked, safe to print."""
+        return mask_url(self.backend_url)
+
+
+def _number(conf: Mapping[str, Any], key: str, default: float | None) -> float | None:
+    value = conf.get(key)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            f"{key}={value!r} is not allowed: it must be a number of seconds"
+        ) from None
+    if math.isnan(number) or math.isinf(number):
+        raise ConfigurationError(f"{key}={value!r} is not allowed: it must be a finite number")
+    return number
+
+
+def default_backend_url(conf: Mapping[str, Any]) -> str:
+    """``leader_backend_url``, else the broker URL when it is Redis."""
+    url = conf.get("leader_backend_url")
+    if url:
+        return str(url)
+    broker = conf.get("broker_url") or ""
+    if isinstance(broker, (list, tuple)):
+        broker = broker[0] if broker else ""
+    broker = str(broker)
+    if urlsplit(broker).scheme in _REDIS_SCHEMES:
+        return broker
+    raise ConfigurationError(ERR_NO_BACKEND.format(broker=mask_url(broker) or "not set"))
+
+
+def default_name(conf: Mapping[str, Any], main: str | None) -> str:
+    """``leader_name``, else the app's main module name, else ``"celery"``."""
+    name = conf.get("leader_name") or main or "celery"
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigurationError(
+            f"leader_name={name!r} is not allowed: it must be a non-empty string"
+        )
+    return name
+
+
+def load_settings(
+    conf: Mapping[str, Any], main: str | None = None, *, name_suffix: str = ""
+) -> LeaderSettings:
+    """Read and validate the ``leader_*`` keys of *conf* (an app's ``conf``).
+
+    *name_suffix* derives a separate election from the same settings (beat's
+    election is ``"<leader_name>.beat"``).
+    """
+    url = default_backend_url(conf)
+    cls = store_class(url)
+    name = default_name(conf, main) + name_suffix
+    low, high = getattr(cls, "ttl_range", (None, None))
+    ttl = _number(conf, "leader_lease_ttl", None)
+    if ttl is None:
+        ttl = max(DEFAULT_TTL, low or 0.0)
+    if ttl > 0 and ((low is not None and ttl < low) or (high is not None and ttl > high)):
+        scheme = urlsplit(url).scheme
+        allowed = f"{'' if low is None else f'{low:g}'}..{'' if high is None else f'{high:g}'}"
+        raise ConfigurationError(
+            f"leader_lease_ttl={ttl:g} is not allowed with the {scheme}:// store: "
+            f"allowed range is {allowed} seconds"
+        )
+    timing = LeaseTiming.create(
+        ttl,
+        _number(conf, "leader_renew_interval", None),
+        _number(conf, "leader_lease_margin", None),
+        _number(conf, "leader_store_timeout", None),
+        renew_fraction=getattr(cls, "default_renew_fraction", 1 / 3),
+    )
+    queue = conf.get("leader_queue") or f"{default_name(conf, main)}.leader"
+    options = {
+        key: conf.get(key)
+        for key in ("leader_azure_connection_string", "leader_azure_account_url")
+        if conf.get(key)
+    }
+    if "leader_azure_connection_string" not in options and os.environ.get(
+        "AZURE_STORAGE_CONNECTION_STRING"
+    ):
+        options["leader_azure_connection_string"] = os.environ["AZURE_STORAGE_CONNECTION_STRING"]
+    return LeaderSettings(
+        backend_url=url, name=name, queue=str(queue), timing=timing, store_options=options
+    )
+
+
+def settings_for_app(app: Any, *, name_suffix: str = "") -> LeaderSettings:
+    """:func:`load_settings` for a Celery app object."""
+    return load_settings(app.conf, getattr(app, "main", None), name_suffix=name_suffix)

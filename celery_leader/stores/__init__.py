@@ -1,0 +1,35 @@
+"""Lease stores, chosen by the scheme of ``leader_backend_url``.
+
+Stores are found through the ``celery_leader.stores`` entry-point group, so a
+third-party package can add one::
+
+    [project.entry-points."celery_leader.stores"]
+    etcd = "mypkg.store:EtcdLeaseStore"
+
+A store class is called as ``cls.from_url(url, timeout=..., options=...)``.
+"""
+
+from __future__ import annotations
+
+from celery_leader.stores.base import (
+    AcquireResult,
+    Capability,
+    Holder,
+    LeaseRecord,
+    LeaseStore,
+    NullWatch,
+    Watch,
+)
+from celery_leader.stores.registry import available_schemes, open_store
+
+__all__ = [
+    "AcquireResult",
+    "Capability",
+    "Holder",
+    "LeaseRecord",
+    "LeaseStore",
+    "NullWatch",
+    "Watch",
+    "available_schemes",
+    "open_store",
+]

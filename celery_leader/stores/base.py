@@ -1,0 +1,165 @@
+"""The lease store contract.
+
+A lease store keeps, per election name, at most one lease: who holds it, until
+when, and the fencing token of the term. Everything that makes the lease safe
+happens inside the store's atomic operations:
+
+* ``acquire`` succeeds only when no lease is held, or when the lease held is
+  the caller's own (its reply was lost earlier); every success hands out a new
+  fencing token, strictly greater than every token handed out before for that
+  name, also after the store lost its data.
+* ``renew`` and ``release`` are compare-and-set on the holder's lease id: they
+  never touch another holder's lease.
+* A store that lost its data cannot tell whether an old holder still trusts its
+  local validity, so the first acquire after such a loss reports a hold-off of
+  one ttl; the lease manager does not act as leader until it has passed.
+
+Stores declare what they can do in :attr:`LeaseStore.capabilities`.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import socket
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+class Capability(enum.Enum):
+    """What a store can do, for tests, docs and the lease manager."""
+
+    #: Followers are told at once when a lease is released (no waiting for expiry).
+    RELEASE_NOTIFICATION = "release-notification"
+    #: Expiry is measured on the store's clock, not the clients'.
+    SERVER_TIME = "server-time"
+    #: Fencing tokens keep increasing after the store lost its data.
+    FENCING_SURVIVES_DATA_LOSS = "fencing-survives-data-loss"
+    #: Workers on different hosts can share the store.
+    MULTI_HOST = "multi-host"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who asks for the lease. ``lease_id`` is secret to the holder's manager."""
+
+    lease_id: str
+    nodename: str
+    hostname: str
+    pid: int
+
+    @classmethod
+    def for_this_process(cls, nodename: str | None = None) -> Holder:
+        """A holder with a fresh random lease id for the current process."""
+        hostname = socket.gethostname()
+        return cls(
+            lease_id=uuid.uuid4().hex,
+            nodename=nodename or f"{os.getpid()}@{hostname}",
+            hostname=hostname,
+            pid=os.getpid(),
+        )
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """The lease as the store holds it, readable by anyone."""
+
+    nodename: str
+    hostname: str
+    pid: int
+    token: int
+    acquired_at: float
+    """Unix time of the acquisition, on the store's clock where it has one."""
+    expires_in: float
+    """Seconds until the lease ends unless renewed."""
+    hold_off: float = 0.0
+    """Seconds left before the holder may act (after the store lost its data)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record as the JSON shape that ``celery leader status`` prints."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class AcquireResult:
+    """The outcome of one acquire call."""
+
+    acquired: bool
+    token: int | None = None
+    """The new fencing token when acquired."""
+    hold_off: float = 0.0
+    """Seconds the new holder must wait before acting (store lost its data)."""
+    holder: LeaseRecord | None = None
+    """The current holder when not acquired, if it could be read."""
+    retry_in: float | None = None
+    """Seconds until the current lease ends; None when it never will by itself."""
+    foreign: bool = False
+    """The lease slot holds a value that no celery-leader store wrote."""
+
+
+class Watch(Protocol):
+    """A subscription to release notifications; close it when done."""
+
+    def close(self) -> None:
+        """Stop watching; the callback is not called after this returns."""
+
+
+@dataclass
+class NullWatch:
+    """The watch of a store that cannot notify: followers wait for expiry."""
+
+    closed: bool = field(default=False)
+
+    def close(self) -> None:
+        """Nothing to stop."""
+        self.closed = True
+
+
+@runtime_checkable
+class LeaseStore(Protocol):
+    """What the lease manager needs from a store. One instance per election client.
+
+    Every method may raise :class:`~celery_leader.exceptions.StoreError` (or
+    :class:`~celery_leader.exceptions.StoreAuthError`) and must return or
+    raise within the ``timeout`` the store was opened with, so that no call can
+    outlive the lease it renews.
+    """
+
+    #: The store's URL with secrets masked, safe to print.
+    url: str
+    capabilities: frozenset[Capability]
+    #: Allowed ttl range in seconds (inclusive); None means no bound.
+    ttl_range: tuple[float | None, float | None]
+
+    def acquire(self, name: str, holder: Holder, ttl: float, min_token: int = 0) -> AcquireResult:
+        """Take the lease if it is free or already ours; never take another holder's.
+
+        On success the token is greater than every earlier token of *name* and
+        than *min_token* (the highest token the caller has seen).
+        """
+
+    def renew(self, name: str, lease_id: str, ttl: float) -> bool:
+        """Extend our lease to *ttl* from now; False when it is no longer ours."""
+
+    def release(self, name: str, lease_id: str) -> bool:
+        """End our lease at once and notify watchers; False when it was not ours."""
+
+    def read(self, name: str) -> LeaseRecord | None:
+        """The current holder, or None when nobody holds the lease."""
+
+    def watch(self, name: str, callback: Callable[[], None]) -> Watch:
+        """Call *callback* (from any thread) when the lease of *name* may be free.
+
+        Spurious calls are allowed; missed ones are not, while the watch is up.
+        Stores without :attr:`Capability.RELEASE_NOTIFICATION` return a
+        :class:`NullWatch`.
+        """
+
+    def close(self) -> None:
+        """Release connections and threads."""
+
+
+StoreFactory = Callable[..., LeaseStore]
+StoreOptions = Mapping[str, Any]

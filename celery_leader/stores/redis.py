@@ -1,0 +1,338 @@
+"""Redis lease store (``redis://``, ``rediss://``, ``unix://``).
+
+Safety statement
+----------------
+One Redis server (or a primary with no failover) gives mutual exclusion under
+the lease manager's timing assumptions: every operation is one Lua script,
+expiry runs on the server's clock, and renew/release compare the holder's lease
+id before touching the key.
+
+What Redis can do to a lease, and what this store does about it:
+
+* **Restart without persistence** (or a flush, or eviction of the counter key):
+  the lease and the token counter vanish. The next acquire sees the counter
+  missing, restarts it from the server's clock in microseconds (so tokens keep
+  increasing, provided the server's clock does not go back), and reports a
+  hold-off of one ttl: the old holder may still trust its local validity for
+  up to one ttl, so the new holder must not act before then.
+* **Failover of a replicated Redis** (Sentinel, cluster): writes acknowledged
+  by the old primary but not yet replicated are lost, which looks like the
+  case above *only if the counter is lost too*. A replica that kept the
+  counter but lost a recent acquire can let two holders overlap. Point the
+  store at a single primary, or accept that fencing tokens (not the lease)
+  are what protects your data across such a failover.
+* **Pauses** (a stopped server, a long fork): calls time out on the client
+  after ``timeout`` seconds; the holder declares loss before its validity
+  ends. An acquire that timed out may still be applied when the server
+  resumes: the next acquire recognises the caller's own lease id and takes
+  it over with a new token instead of waiting a ttl.
+
+Keys, per election name ``N`` (the braces keep both in one cluster slot):
+``celery-leader:{N}:lease`` (JSON holder record, with a TTL),
+``celery-leader:{N}:token`` (the fencing counter, no TTL) and the pub/sub
+channel ``celery-leader:{N}:released``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from celery_leader._masking import mask_text, mask_url
+from celery_leader.exceptions import StoreAuthError, StoreError
+from celery_leader.stores.base import (
+    AcquireResult,
+    Capability,
+    Holder,
+    LeaseRecord,
+    Watch,
+)
+
+logger = logging.getLogger(__name__)
+
+KEY_PREFIX = "celery-leader"
+
+_AUTH_MARKERS = ("WRONGPASS", "NOAUTH", "NOPERM", "invalid username-password", "AUTH")
+
+
+def lease_key(name: str) -> str:
+    """The key that holds the lease record of election *name*."""
+    return f"{KEY_PREFIX}:{{{name}}}:lease"
+
+
+def token_key(name: str) -> str:
+    """The key that holds the fencing counter of election *name*."""
+    return f"{KEY_PREFIX}:{{{name}}}:token"
+
+
+def release_channel(name: str) -> str:
+    """The pub/sub channel on which releases of *name* are announced."""
+    return f"{KEY_PREFIX}:{{{name}}}:released"
+
+
+class RedisLeaseStore:
+    """Leases in one Redis key per election, with Lua compare-and-set."""
+
+    capabilities = frozenset(
+        {
+            Capability.RELEASE_NOTIFICATION,
+            Capability.SERVER_TIME,
+            Capability.FENCING_SURVIVES_DATA_LOSS,
+            Capability.MULTI_HOST,
+        }
+    )
+    ttl_range: tuple[float | None, float | None] = (None, None)
+
+    # KEYS[1] lease key, KEYS[2] token counter.
+    # ARGV[1] lease id, ARGV[2] holder JSON without its closing brace,
+    # ARGV[3] ttl in ms, ARGV[4] lowest token the caller will accept minus one.
+    # Returns {1, token, hold_off_us} when acquired, {0, pttl_ms, value} when not.
+    # Numbers leave Lua through string.format('%d'): tostring() keeps only 14
+    # digits, and tokens derived from the clock have 16.
+    ACQUIRE_LUA = """
+    local now = redis.call('TIME')
+    local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+    local current = redis.call('GET', KEYS[1])
+    local hold_until = 0
+    if current then
+      local ok, rec = pcall(cjson.decode, current)
+      if not ok or type(rec) ~= 'table' or rec['lease_id'] ~= ARGV[1] then
+        return {0, redis.call('PTTL', KEYS[1]), current}
+      end
+      hold_until = tonumber(rec['hold_until_us']) or 0
+    end
+    local floor = tonumber(ARGV[4])
+    local last = redis.call('GET', KEYS[2])
+    if not last then
+      if now_us > floor then floor = now_us end
+      hold_until = now_us + tonumber(ARGV[3]) * 1000
+      redis.call('SET', KEYS[2], string.format('%d', floor))
+    elseif (tonumber(last) or 0) < floor then
+      redis.call('SET', KEYS[2], string.format('%d', floor))
+    end
+    local token = redis.call('INCR', KEYS[2])
+    local hold_us = hold_until - now_us
+    if hold_us < 0 then hold_us = 0 end
+    local value = ARGV[2] .. ',"token":' .. string.format('%d', token)
+      .. ',"acquired_at":' .. now[1] .. '.' .. string.format('%06d', tonumber(now[2]))
+      .. ',"hold_until_us":' .. string.format('%d', hold_until) .. '}'
+    redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
+    return {1, token, hold_us}
+    """
+
+    # KEYS[1] lease key. ARGV[1] lease id, ARGV[2] ttl in ms.
+    # Returns 1 when the lease was ours and now lasts ttl from now, else 0.
+    RENEW_LUA = """
+    local current = redis.call('GET', KEYS[1])
+    if not current then return 0 end
+    local ok, rec = pcall(cjson.decode, current)
+    if not ok or type(rec) ~= 'table' or rec['lease_id'] ~= ARGV[1] then return 0 end
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return 1
+    """
+
+    # KEYS[1] lease key. ARGV[1] lease id, ARGV[2] release channel.
+    # Returns 1 when the lease was ours and is now deleted (and announced), else 0.
+    RELEASE_LUA = """
+    local current = redis.call('GET', KEYS[1])
+    if not current then return 0 end
+    local ok, rec = pcall(cjson.decode, current)
+    if not ok or type(rec) ~= 'table' or rec['lease_id'] ~= ARGV[1] then return 0 end
+    redis.call('DEL', KEYS[1])
+    redis.call('PUBLISH', ARGV[2], 'released')
+    return 1
+    """
+
+    # KEYS[1] lease key. Returns {value or false, pttl_ms, now_us as string}.
+    READ_LUA = """
+    local now = redis.call('TIME')
+    local value = redis.call('GET', KEYS[1])
+    return {value, redis.call('PTTL', KEYS[1]),
+            now[1] .. string.format('%06d', tonumber(now[2]))}
+    """
+
+    def __init__(self, client: redis.Redis, url: str) -> None:
+        self._client = client
+        self.url = mask_url(url)
+        self._acquire = client.register_script(self.ACQUIRE_LUA)
+        self._renew = client.register_script(self.RENEW_LUA)
+        self._release = client.register_script(self.RELEASE_LUA)
+        self._read = client.register_script(self.READ_LUA)
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, timeout: float, options: Mapping[str, Any] | None = None
+    ) -> RedisLeaseStore:
+        """Open a store on *url*; each call is bounded by about *timeout* seconds.
+
+        Connect and read timeouts are half of *timeout* each, and redis-py's
+        own retries are off: the lease manager retries, within the lease.
+        """
+        client = redis.Redis.from_url(
+            url,
+            socket_timeout=timeout / 2,
+            socket_connect_timeout=timeout / 2,
+            retry=Retry(NoBackoff(), 0),
+            decode_responses=True,
+            client_name="celery-leader",
+        )
+        return cls(client, url)
+
+    @contextmanager
+    def _translated(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except redis.AuthenticationError as exc:
+            raise StoreAuthError(self._message(what, exc)) from None
+        except redis.ResponseError as exc:
+            if any(marker in str(exc) for marker in _AUTH_MARKERS):
+                raise StoreAuthError(self._message(what, exc)) from None
+            raise StoreError(self._message(what, exc)) from None
+        except (redis.RedisError, OSError) as exc:
+            raise StoreError(self._message(what, exc)) from None
+
+    def _message(self, what: str, exc: BaseException) -> str:
+        detail = mask_text(str(exc)) or type(exc).__name__
+        return f"lease store {self.url}: {what} failed: {detail}"
+
+    def acquire(self, name: str, holder: Holder, ttl: float, min_token: int = 0) -> AcquireResult:
+        """Take the lease when free or ours; see the module docstring for data loss."""
+        prefix = json.dumps(
+            {
+                "lease_id": holder.lease_id,
+                "nodename": holder.nodename,
+                "hostname": holder.hostname,
+                "pid": holder.pid,
+            }
+        )[:-1]
+        ttl_ms = max(1, int(ttl * 1000))
+        with self._translated("acquire"):
+            reply = self._acquire(
+                keys=[lease_key(name), token_key(name)],
+                args=[holder.lease_id, prefix, ttl_ms, int(min_token)],
+            )
+        if int(reply[0]) == 1:
+            return AcquireResult(acquired=True, token=int(reply[1]), hold_off=int(reply[2]) / 1e6)
+        pttl_ms = int(reply[1])
+        record = _parse_record(reply[2], pttl_ms / 1000, 0.0)
+        return AcquireResult(
+            acquired=False,
+            holder=record,
+            retry_in=pttl_ms / 1000 if pttl_ms >= 0 else None,
+            foreign=record is None,
+        )
+
+    def renew(self, name: str, lease_id: str, ttl: float) -> bool:
+        """Compare-and-set PEXPIRE on our own lease."""
+        with self._translated("renew"):
+            return int(self._renew(keys=[lease_key(name)], args=[lease_id, int(ttl * 1000)])) == 1
+
+    def release(self, name: str, lease_id: str) -> bool:
+        """Compare-and-set DEL of our own lease, announced on the release channel."""
+        with self._translated("release"):
+            reply = self._release(keys=[lease_key(name)], args=[lease_id, release_channel(name)])
+        return int(reply) == 1
+
+    def read(self, name: str) -> LeaseRecord | None:
+        """The holder record, or None when the lease is free or not ours to parse."""
+        with self._translated("read"):
+            value, pttl_ms, now_us = self._read(keys=[lease_key(name)])
+        if not value:
+            return None
+        return _parse_record(value, int(pttl_ms) / 1000, int(now_us) / 1e6)
+
+    def watch(self, name: str, callback: Callable[[], None]) -> Watch:
+        """Subscribe to the release channel in a daemon thread."""
+        return _ReleaseWatch(self._client, release_channel(name), callback)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._client.close()
+
+
+def _parse_record(value: object, expires_in: float, now: float) -> LeaseRecord | None:
+    """Parse a lease value; None when it is not a record this store wrote."""
+    if not isinstance(value, str):
+        return None
+    try:
+        data = json.loads(value)
+        hold_until = int(data.get("hold_until_us", 0)) / 1e6
+        return LeaseRecord(
+            nodename=str(data["nodename"]),
+            hostname=str(data["hostname"]),
+            pid=int(data["pid"]),
+            token=int(data["token"]),
+            acquired_at=float(data["acquired_at"]),
+            expires_in=expires_in,
+            hold_off=max(0.0, hold_until - now) if now else 0.0,
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+class _ReleaseWatch:
+    """Listens on a release channel; calls back on every message and reconnect.
+
+    A reconnect calls back too, since a release may have been missed while
+    the connection was down: spurious calls are cheap, missed ones are not.
+    """
+
+    def __init__(self, client: redis.Redis, channel: str, callback: Callable[[], None]) -> None:
+        self._client = client
+        self._channel = channel
+        self._callback = callback
+        self._closed = threading.Event()
+        self._subscribed = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"celery-leader-watch[{channel}]", daemon=True
+        )
+        self._thread.start()
+
+    def wait_subscribed(self, timeout: float) -> bool:
+        """Block until the subscription is live (for tests and benchmarks)."""
+        return self._subscribed.wait(timeout)
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._closed.is_set():
+            pubsub = self._client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+            try:
+                pubsub.subscribe(self._channel)
+                self._subscribed.set()
+                if failures:
+                    self._notify()
+                failures = 0
+                while not self._closed.is_set():
+                    message = pubsub.get_message(timeout=1.0)
+                    if message is not None:
+                        self._notify()
+            except (redis.RedisError, OSError, ValueError) as exc:
+                self._subscribed.clear()
+                failures += 1
+                logger.debug(
+                    "release watch on %s interrupted: %s", self._channel, mask_text(str(exc))
+                )
+                self._closed.wait(min(0.1 * 2**failures, 2.0))
+            finally:
+                with suppress(redis.RedisError, OSError):
+                    pubsub.close()
+
+    def _notify(self) -> None:
+        if self._closed.is_set():
+            return
+        try:
+            self._callback()
+        except Exception:
+            logger.exception("release watch callback failed")
+
+    def close(self) -> None:
+        """Stop listening; the thread ends within about a second."""
+        self._closed.set()

@@ -1,0 +1,58 @@
+"""Shared fixtures: real redis-server processes, stores, and a history checker."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from celery_leader.stores import open_store
+from celery_leader.stores.base import LeaseStore
+from tests.servers import RedisServer
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A fresh redis-server on a free port, killed after the test."""
+    server = RedisServer(tmp_path).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["redis", "sqlite"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The URL of a fresh, real store of each kind."""
+    if request.param == "redis":
+        server = RedisServer(tmp_path).start()
+        yield server.url
+        server.stop()
+    else:
+        yield f"sqlite://{tmp_path}/leader.db"
+
+
+@pytest.fixture
+def open_stores() -> Iterator[list[LeaseStore]]:
+    """Stores opened in a test, closed after it."""
+    stores: list[LeaseStore] = []
+    yield stores
+    for store in stores:
+        store.close()
+
+
+@pytest.fixture
+def make_store(store_url: str, open_stores: list[LeaseStore]):  # type: ignore[no-untyped-def]
+    """Open another client of the test's store."""
+
+    def make(timeout: float = 0.5) -> LeaseStore:
+        store = open_store(store_url, timeout=timeout)
+        open_stores.append(store)
+        return store
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def _quiet_logs(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="celery_leader")

@@ -1,0 +1,105 @@
+"""Real servers for tests: redis-server processes on free loopback ports.
+
+Each server is a real process the test owns, so tests can kill, pause
+(SIGSTOP), resume and restart it empty.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def require_binary(name: str) -> str:
+    """The path of *name*; fail (never skip) when it is missing."""
+    path = shutil.which(name)
+    if path is None:
+        raise RuntimeError(f"{name} is not installed; run the README's test command")
+    return path
+
+
+class RedisServer:
+    """One redis-server without persistence, controlled by the test."""
+
+    def __init__(self, workdir: Path, *, port: int | None = None, extra: list[str] | None = None,
+                 tls: dict[str, str] | None = None) -> None:
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.extra = extra or []
+        self.tls = tls
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.binary = require_binary("redis-server")
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def args(self) -> list[str]:
+        args = [self.binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--dir", str(self.workdir), "--daemonize", "no", "--loglevel", "warning"]
+        if self.tls:
+            args += ["--port", "0", "--tls-port", str(self.port),
+                     "--tls-cert-file", self.tls["cert"], "--tls-key-file", self.tls["key"],
+                     "--tls-ca-cert-file", self.tls["ca"], "--tls-auth-clients", "no"]
+        else:
+            args += ["--port", str(self.port)]
+        return args + self.extra
+
+    def start(self) -> RedisServer:
+        log = open(self.workdir / f"redis-{self.port}.log", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(self.args(), stdout=log, stderr=log)
+        log.close()
+        self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.01)
+        raise RuntimeError("redis-server did not start")
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True, **kwargs)
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def restart_empty(self) -> None:
+        """Kill and start again on the same port with no data (no persistence)."""
+        self.kill()
+        self.start()
+
+    def stop(self) -> None:
+        self.kill()

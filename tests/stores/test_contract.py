@@ -1,0 +1,130 @@
+"""The lease store contract, run against every store on a real server or file."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from celery_leader.stores.base import Holder
+
+
+def holder(tag: str) -> Holder:
+    return Holder(lease_id=f"id-{tag}", nodename=f"node-{tag}", hostname="host", pid=100)
+
+
+def test_acquire_free_lease_gives_positive_token(make_store):
+    """An acquire on a free lease succeeds with a positive token."""
+    store = make_store()
+    result = store.acquire("job", holder("a"), ttl=5)
+    assert result.acquired
+    assert result.token is not None and result.token > 0
+
+
+def test_second_holder_is_refused_and_told_when_to_retry(make_store):
+    """A held lease refuses another holder and says how long it lasts."""
+    store = make_store()
+    store.acquire("job", holder("a"), ttl=5)
+    result = make_store().acquire("job", holder("b"), ttl=5)
+    assert not result.acquired
+    assert result.retry_in is not None and 4 < result.retry_in <= 5
+    assert result.holder is not None and result.holder.nodename == "node-a"
+
+
+def test_tokens_strictly_increase_across_acquisitions(make_store):
+    """Each new acquisition gets a token greater than every earlier one."""
+    store = make_store()
+    tokens = []
+    for i in range(5):
+        result = store.acquire("job", holder(str(i)), ttl=5)
+        assert result.acquired
+        tokens.append(result.token)
+        assert store.release("job", f"id-{i}")
+    assert tokens == sorted(tokens) and len(set(tokens)) == 5
+
+
+def test_min_token_is_respected(make_store):
+    """A caller's highest seen token is a floor for the next one."""
+    store = make_store()
+    first = store.acquire("job", holder("a"), ttl=5).token
+    store.release("job", "id-a")
+    result = store.acquire("job", holder("b"), ttl=5, min_token=first + 1000)
+    assert result.token is not None and result.token > first + 1000
+
+
+def test_own_lease_is_adopted_with_new_token(make_store):
+    """Acquiring a lease we already hold (lost reply) succeeds with a newer token."""
+    store = make_store()
+    first = store.acquire("job", holder("a"), ttl=5)
+    again = store.acquire("job", holder("a"), ttl=5)
+    assert again.acquired and again.token > first.token
+
+
+def test_renew_and_release_are_compare_and_set(make_store):
+    """Renew and release never touch another holder's lease."""
+    store = make_store()
+    store.acquire("job", holder("a"), ttl=5)
+    assert not store.renew("job", "id-b", ttl=5)
+    assert not store.release("job", "id-b")
+    assert store.read("job").nodename == "node-a"
+    assert store.renew("job", "id-a", ttl=5)
+    assert store.release("job", "id-a")
+    assert store.read("job") is None
+    assert not store.renew("job", "id-a", ttl=5)
+
+
+def test_renew_extends_and_lease_expires_without_it(make_store):
+    """A renewed lease outlives its first ttl; an unrenewed one expires."""
+    store = make_store()
+    store.acquire("job", holder("a"), ttl=0.6)
+    time.sleep(0.35)
+    assert store.renew("job", "id-a", ttl=0.6)
+    time.sleep(0.35)
+    assert store.read("job") is not None
+    time.sleep(0.4)
+    assert store.read("job") is None
+    assert make_store().acquire("job", holder("b"), ttl=5).acquired
+
+
+def test_read_reports_holder_fields(make_store):
+    """read() returns nodename, hostname, pid, token, acquired_at and expiry."""
+    store = make_store()
+    before = time.time()
+    token = store.acquire("job", Holder("x", "w1@h", "h", 4242), ttl=5).token
+    record = store.read("job")
+    assert record is not None
+    assert (record.nodename, record.hostname, record.pid, record.token) == ("w1@h", "h", 4242, token)
+    assert before - 1 < record.acquired_at < time.time() + 1
+    assert 4 < record.expires_in <= 5
+
+
+def test_elections_are_independent(make_store):
+    """Two names have two leases."""
+    store = make_store()
+    assert store.acquire("one", holder("a"), ttl=5).acquired
+    assert store.acquire("two", holder("b"), ttl=5).acquired
+
+
+def test_watch_calls_back_on_release(make_store):
+    """A watcher hears of a release well before the lease would expire."""
+    store = make_store()
+    watcher_store = make_store()
+    store.acquire("job", holder("a"), ttl=30)
+    heard = threading.Event()
+    watch = watcher_store.watch("job", heard.set)
+    try:
+        time.sleep(0.3)  # let the subscription settle
+        heard.clear()
+        started = time.monotonic()
+        assert store.release("job", "id-a")
+        assert heard.wait(2)
+        assert time.monotonic() - started < 1
+    finally:
+        watch.close()
+
+
+def test_fresh_store_reports_hold_off(make_store):
+    """The first acquire in a store with no token history must hold off one ttl."""
+    result = make_store().acquire("job", holder("a"), ttl=3)
+    assert result.acquired and 2.5 < result.hold_off <= 3
+    make_store().release("job", "id-a")
+    assert make_store().acquire("job", holder("b"), ttl=3).hold_off == 0
