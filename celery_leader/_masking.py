@@ -47,7 +47,11 @@ def mask_url(url: str) -> str:
         query = urlencode(
             [(k, MASK if k.lower() in _SECRET_QUERY_KEYS else v) for k, v in pairs], safe="*/"
         )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    masked = urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    if not netloc and url.startswith(f"{parts.scheme}://"):
+        # urlunsplit drops an empty authority: keep sqlite:///path and unix:///path intact.
+        masked = f"{parts.scheme}://" + masked[len(parts.scheme) + 1 :]
+    return masked
 
 
 def mask_text(text: str) -> str:

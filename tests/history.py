@@ -26,7 +26,9 @@ class Interval:
 
     @property
     def end(self) -> float:
-        return self.valid_until if self.stopped_at is None else min(self.stopped_at, self.valid_until)
+        return (
+            self.valid_until if self.stopped_at is None else min(self.stopped_at, self.valid_until)
+        )
 
 
 @dataclass
@@ -39,14 +41,22 @@ class History:
 
     def listener(self, holder: str):  # type: ignore[no-untyped-def]
         def record(event: LeaseEvent) -> None:
-            self.add(holder, event.kind.value, event.term.token, event.term.elected_at,
-                     event.term.valid_until, event.at)
+            self.add(
+                holder,
+                event.kind.value,
+                event.term.token,
+                event.term.elected_at,
+                event.term.valid_until,
+                event.at,
+            )
             with self.lock:
                 self.events.append((holder, event))
+
         return record
 
-    def add(self, holder: str, kind: str, token: int, elected_at: float, valid_until: float,
-            at: float) -> None:
+    def add(
+        self, holder: str, kind: str, token: int, elected_at: float, valid_until: float, at: float
+    ) -> None:
         with self.lock:
             key = (holder, token)
             interval = self.intervals.get(key)
@@ -59,8 +69,14 @@ class History:
     def load_jsonl(self, path: Path) -> None:
         for line in path.read_text().splitlines():
             row = json.loads(line)
-            self.add(row["holder"], row["kind"], row["token"], row["elected_at"],
-                     row["valid_until"], row["at"])
+            self.add(
+                row["holder"],
+                row["kind"],
+                row["token"],
+                row["elected_at"],
+                row["valid_until"],
+                row["at"],
+            )
 
     def terms(self) -> list[Interval]:
         with self.lock:
@@ -71,7 +87,7 @@ class History:
         found = []
         terms = self.terms()
         for i, a in enumerate(terms):
-            for b in terms[i + 1:]:
+            for b in terms[i + 1 :]:
                 if b.start >= a.end:
                     continue
                 if a.holder != b.holder or a.token != b.token:

@@ -35,8 +35,14 @@ def require_binary(name: str) -> str:
 class RedisServer:
     """One redis-server without persistence, controlled by the test."""
 
-    def __init__(self, workdir: Path, *, port: int | None = None, extra: list[str] | None = None,
-                 tls: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        port: int | None = None,
+        extra: list[str] | None = None,
+        tls: dict[str, str] | None = None,
+    ) -> None:
         self.workdir = workdir
         self.port = port or free_port()
         self.extra = extra or []
@@ -49,12 +55,36 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def args(self) -> list[str]:
-        args = [self.binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", str(self.workdir), "--daemonize", "no", "--loglevel", "warning"]
+        args = [
+            self.binary,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.workdir),
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+        ]
         if self.tls:
-            args += ["--port", "0", "--tls-port", str(self.port),
-                     "--tls-cert-file", self.tls["cert"], "--tls-key-file", self.tls["key"],
-                     "--tls-ca-cert-file", self.tls["ca"], "--tls-auth-clients", "no"]
+            args += [
+                "--port",
+                "0",
+                "--tls-port",
+                str(self.port),
+                "--tls-cert-file",
+                self.tls["cert"],
+                "--tls-key-file",
+                self.tls["key"],
+                "--tls-ca-cert-file",
+                self.tls["ca"],
+                "--tls-auth-clients",
+                "no",
+            ]
         else:
             args += ["--port", str(self.port)]
         return args + self.extra

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_leader.lease import EventKind, LeaseManager, Role
+from celery_leader.lease import EventKind, LeaseManager
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
 from celery_leader.timing import LeaseTiming
@@ -34,12 +33,14 @@ class Cluster:
         for i in range(count):
             store = open_store(url, timeout=timing.op_timeout)
             holder = Holder.for_this_process(f"m{i}")
-            manager = LeaseManager(store, name, timing, holder=holder,
-                                   listeners=(self.history.listener(f"m{i}"),))
+            manager = LeaseManager(
+                store, name, timing, holder=holder, listeners=(self.history.listener(f"m{i}"),)
+            )
             self.managers.append(manager)
 
-    def start(self) -> Cluster:
-        warm_store(self.url, self.name)
+    def start(self, *, warm: bool = True) -> Cluster:
+        if warm:
+            warm_store(self.url, self.name)
         for manager in self.managers:
             manager.start()
         return self
@@ -121,10 +122,14 @@ def test_twenty_threads_never_two_leaders(store_url, cluster_factory):
     assert cluster.history.tokens_in_order() == sorted(cluster.history.tokens_in_order())
 
 
-def start_node(url: str, name: str, log: Path, nodename: str, ttl: float = TTL) -> subprocess.Popen[str]:
+def start_node(
+    url: str, name: str, log: Path, nodename: str, ttl: float = TTL
+) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.node", url, name, str(ttl), str(log), nodename],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "celery_leader.demo.node", url, name, str(ttl), nodename, str(log)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
@@ -242,14 +247,21 @@ def test_graceful_stop_hands_over_within_a_second(store_url, cluster_factory):
     successor = cluster.wait_leader(1.0, exclude=leader)
     assert time.monotonic() - started < 1.0
     assert successor.current_token() > max(cluster.history.tokens_in_order()[:-1])
-    kinds = [e.kind for holder, e in cluster.history.events if e.term.token == leader_token(cluster, leader)]
+    kinds = [
+        e.kind
+        for holder, e in cluster.history.events
+        if e.term.token == leader_token(cluster, leader)
+    ]
     assert EventKind.RELEASED in kinds
 
 
 def leader_token(cluster: Cluster, manager: LeaseManager) -> int:
     index = cluster.managers.index(manager)
-    return next(e.term.token for h, e in cluster.history.events
-                if h == f"m{index}" and e.kind is EventKind.ELECTED)
+    return next(
+        e.term.token
+        for h, e in cluster.history.events
+        if h == f"m{index}" and e.kind is EventKind.ELECTED
+    )
 
 
 def test_step_down_sits_out_and_another_leads(store_url, cluster_factory):

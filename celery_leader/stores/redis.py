@@ -314,7 +314,7 @@ class _ReleaseWatch:
                     message = pubsub.get_message(timeout=1.0)
                     if message is not None:
                         self._notify()
-            except (redis.RedisError, OSError, ValueError) as exc:
+            except Exception as exc:  # the watch thread must outlive any client failure
                 self._subscribed.clear()
                 failures += 1
                 logger.debug(
@@ -322,7 +322,7 @@ class _ReleaseWatch:
                 )
                 self._closed.wait(min(0.1 * 2**failures, 2.0))
             finally:
-                with suppress(redis.RedisError, OSError):
+                with suppress(Exception):
                     pubsub.close()
 
     def _notify(self) -> None:

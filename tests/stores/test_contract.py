@@ -92,7 +92,12 @@ def test_read_reports_holder_fields(make_store):
     token = store.acquire("job", Holder("x", "w1@h", "h", 4242), ttl=5).token
     record = store.read("job")
     assert record is not None
-    assert (record.nodename, record.hostname, record.pid, record.token) == ("w1@h", "h", 4242, token)
+    assert (record.nodename, record.hostname, record.pid, record.token) == (
+        "w1@h",
+        "h",
+        4242,
+        token,
+    )
     assert before - 1 < record.acquired_at < time.time() + 1
     assert 4 < record.expires_in <= 5
 

@@ -1,0 +1,1 @@
+"""The ``celery-leader demo`` command and the processes it runs."""

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The project's two entry points, for a fresh Debian-like machine:
+#   ./run.sh demo [--quick]   the demo: needs nothing but Python (SQLite lease store)
+#   ./run.sh test [pytest args]   installs what the tests need, lints, type-checks, runs pytest
+#   ./run.sh bench            the benchmarks (after ./run.sh test has installed everything)
+set -euo pipefail
+cd "$(dirname "$0")"
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+apt_install() {
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+venv() {
+  if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then apt_install python3-venv; fi
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${1:+[$1]}"
+}
+
+test_services() {
+  # Tests start their own redis-server processes on free ports; they need the binary.
+  command -v redis-server >/dev/null || apt_install redis-server
+}
+
+cmd="${1:-}"; shift || true
+case "$cmd" in
+  demo)
+    venv ""
+    exec .venv/bin/celery-leader demo "$@"
+    ;;
+  test)
+    test_services
+    venv dev
+    .venv/bin/ruff check .
+    .venv/bin/ruff format --check .
+    .venv/bin/mypy
+    exec .venv/bin/python -m pytest "$@"
+    ;;
+  bench)
+    test_services
+    venv dev
+    exec .venv/bin/python -m benchmarks.lease "$@"
+    ;;
+  *)
+    echo "usage: ./run.sh demo|test|bench [args]" >&2
+    exit 2
+    ;;
+esac

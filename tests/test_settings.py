@@ -1,0 +1,92 @@
+"""Settings: defaults, and one clear error per bad value naming key and allowed range."""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_leader.exceptions import ConfigurationError
+from celery_leader.settings import load_settings
+
+
+def conf(**kwargs):
+    base = {"broker_url": "redis://127.0.0.1:6379/0"}
+    base.update(kwargs)
+    return base
+
+
+def test_defaults_follow_the_contract():
+    """ttl 5, renew ttl/3, name from the app, queue <name>.leader, store = Redis broker."""
+    settings = load_settings(conf(), "proj")
+    assert settings.timing.ttl == 5.0
+    assert settings.timing.renew_interval == pytest.approx(5 / 3)
+    assert settings.name == "proj"
+    assert settings.queue == "proj.leader"
+    assert settings.backend_url == "redis://127.0.0.1:6379/0"
+
+
+def test_name_defaults_to_celery_without_main():
+    """Without app.main the election is called "celery"."""
+    assert load_settings(conf(), None).name == "celery"
+
+
+def test_beat_election_has_its_own_name():
+    """The beat election is "<leader_name>.beat"."""
+    assert load_settings(conf(leader_name="x"), None, name_suffix=".beat").name == "x.beat"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragments"),
+    [
+        ({"leader_lease_ttl": 0}, ["leader_lease_ttl=0", "> 0"]),
+        ({"leader_lease_ttl": -3}, ["leader_lease_ttl=-3", "> 0"]),
+        ({"leader_lease_ttl": "soon"}, ["leader_lease_ttl='soon'", "number"]),
+        ({"leader_lease_ttl": float("nan")}, ["leader_lease_ttl=nan", "finite"]),
+        (
+            {"leader_lease_ttl": 6, "leader_renew_interval": 3},
+            ["leader_renew_interval=3", "< ttl/2 (3)"],
+        ),
+        ({"leader_renew_interval": 0}, ["leader_renew_interval=0", "> 0"]),
+        ({"leader_lease_margin": 4}, ["leader_lease_margin=4", "ttl/4"]),
+        (
+            {"leader_store_timeout": 10},
+            ["leader_store_timeout=10", "< ttl - margin - renew_interval"],
+        ),
+        (
+            {"leader_backend_url": "mongodb://h/db"},
+            ["leader_backend_url", "'mongodb'", "redis://", "sqlite://"],
+        ),
+        ({"leader_name": "  "}, ["leader_name", "non-empty"]),
+    ],
+)
+def test_bad_values_name_key_value_and_range(overrides, fragments):
+    """Each bad value raises one ConfigurationError with key, value and what is allowed."""
+    with pytest.raises(ConfigurationError) as info:
+        load_settings(conf(**overrides), "proj")
+    message = str(info.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_non_redis_broker_without_backend_is_an_error():
+    """With RabbitMQ as broker the store URL is required, and the error says so."""
+    with pytest.raises(ConfigurationError, match="leader_backend_url is not set"):
+        load_settings({"broker_url": "amqp://guest:guest@127.0.0.1:5672//"}, "proj")
+
+
+def test_errors_mask_passwords():
+    """A password in a bad URL never appears in the error."""
+    with pytest.raises(ConfigurationError) as info:
+        load_settings(conf(leader_backend_url="bogus://user:topsecret@h/0"), "proj")
+    assert "topsecret" not in str(info.value)
+    with pytest.raises(ConfigurationError) as info:
+        load_settings({"broker_url": "amqp://guest:brokersecret@h//"}, "proj")
+    assert "brokersecret" not in str(info.value)
+
+
+def test_sqlite_needs_an_existing_directory(tmp_path):
+    """A SQLite URL in a missing directory is refused at start, naming the setting."""
+    from celery_leader.stores import open_store
+
+    with pytest.raises(ConfigurationError, match="leader_backend_url"):
+        open_store(f"sqlite://{tmp_path}/missing/leader.db", timeout=1)
