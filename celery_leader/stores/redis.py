@@ -314,7 +314,7 @@ class _ReleaseWatch:
                     message = pubsub.get_message(timeout=1.0)
                     if message is not None:
                         self._notify()
-            except Exception as exc:  # the watch thread must outlive any client failure
+            except Exception as exc:  # noqa: BLE001 - the watch must outlive any client failure
                 self._subscribed.clear()
                 failures += 1
                 logger.debug(
