@@ -77,9 +77,7 @@ def store_load(url: str, ttl: float, followers: int, seconds: float) -> tuple[fl
     managers = []
     for i in range(followers + 1):
         store = open_store(url, timeout=timing.op_timeout)
-        managers.append(
-            LeaseManager(store, name, timing, holder=Holder.for_this_process(f"m{i}"))
-        )
+        managers.append(LeaseManager(store, name, timing, holder=Holder.for_this_process(f"m{i}")))
     for manager in managers:
         manager.start()
     client = redis.Redis.from_url(url)
@@ -121,9 +119,11 @@ def main() -> None:
             commands, scripts = store_load(server.url, args.ttl, args.followers, args.seconds)
         finally:
             server.stop()
-    version = subprocess.run(
-        ["redis-server", "--version"], capture_output=True, text=True, check=False
-    ).stdout.split()[2].removeprefix("v=")
+    version = (
+        subprocess.run(["redis-server", "--version"], capture_output=True, text=True, check=False)
+        .stdout.split()[2]
+        .removeprefix("v=")
+    )
     print(f"\nlease core on redis-server {version}, ttl {args.ttl:g} s, {args.rounds} rounds\n")
     print(f"| {'measure':<44} | {'median':>8} | {'worst':>8} |")
     print(f"|{'-' * 46}|{'-' * 10}|{'-' * 10}|")
@@ -136,8 +136,10 @@ def main() -> None:
     print(f"| {label + ', round trips/s':<44} | {scripts:8.1f} | {'':>8} |")
     print(f"| {label + ', commands/s':<44} | {commands:8.1f} | {'':>8} |")
     print("\n(commands/s counts the commands inside the Lua scripts as well)")
-    print(f"\ngoal: takeover worst <= ttl + renew_interval + 1 s = "
-          f"{args.ttl + args.ttl / 3 + 1:.2f} s")
+    print(
+        f"\ngoal: takeover worst <= ttl + renew_interval + 1 s = "
+        f"{args.ttl + args.ttl / 3 + 1:.2f} s"
+    )
 
 
 if __name__ == "__main__":
