@@ -71,3 +71,19 @@ def test_plain_client_is_refused_by_tls_port(tls_server):
             store.read("job")
     finally:
         store.close()
+
+
+def test_unix_socket_url_runs_the_lease(tmp_path):
+    """unix:///path.sock?db=N reaches a redis-server over its Unix socket."""
+    sock = tmp_path / "redis.sock"
+    server = RedisServer(tmp_path, extra=["--unixsocket", str(sock), "--unixsocketperm", "700"])
+    server.start()
+    store = open_store(f"unix://{sock}?db=3", timeout=1.0)
+    try:
+        holder = Holder.for_this_process("unix-node")
+        assert store.acquire("job", holder, 5.0).acquired
+        assert server.client(db=3).exists("celery-leader:{job}:lease") == 1
+        assert store.release("job", holder.lease_id)
+    finally:
+        store.close()
+        server.stop()
