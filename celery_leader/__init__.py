@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from celery_leader import signals
 from celery_leader.exceptions import (
     ConfigurationError,
     LeaseError,
@@ -9,6 +10,7 @@ from celery_leader.exceptions import (
     StoreAuthError,
     StoreError,
 )
+from celery_leader.install import install
 from celery_leader.lease import (
     EventKind,
     LeaseEvent,
@@ -18,16 +20,21 @@ from celery_leader.lease import (
     Role,
     Term,
 )
+from celery_leader.runtime import check_leadership, current_token, lease_lost
 from celery_leader.settings import LeaderSettings, load_settings
 from celery_leader.stores import open_store
+from celery_leader.tasks import LeaderTask, leader_only
 from celery_leader.timing import LeaseTiming
+from celery_leader.worker.bootsteps import LeaderElection
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
     "ConfigurationError",
     "EventKind",
+    "LeaderElection",
     "LeaderSettings",
+    "LeaderTask",
     "LeaseError",
     "LeaseEvent",
     "LeaseLost",
@@ -40,6 +47,12 @@ __all__ = [
     "StoreError",
     "Term",
     "__version__",
+    "check_leadership",
+    "current_token",
+    "install",
+    "leader_only",
+    "lease_lost",
     "load_settings",
     "open_store",
+    "signals",
 ]

@@ -1,0 +1,87 @@
+"""Inside a running leader-only task: checks whether the lease has been lost.
+
+:func:`lease_lost` and :func:`check_leadership` work in every pool: in a
+prefork child they read the lease the parent publishes in shared memory, in
+threads and solo pools the same memory in-process. Call them often in long
+loops; they cost a memory read, no store round trip.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from celery_leader.exceptions import LeaseError, LeaseLost
+from celery_leader.worker.shared_state import SharedLease
+
+_shared: SharedLease | None = None
+
+
+@dataclass(frozen=True)
+class _Run:
+    name: str
+    token: int | None
+    shared: SharedLease | None
+
+
+_current_run: contextvars.ContextVar[_Run | None] = contextvars.ContextVar(
+    "celery_leader_run", default=None
+)
+
+
+def install_shared_lease(shared: SharedLease | None) -> None:
+    """Make *shared* the lease that runs in this process (and its forks) check."""
+    global _shared  # noqa: PLW0603 - one lease per worker process, set before the pool forks
+    _shared = shared
+
+
+def shared_lease() -> SharedLease | None:
+    """The lease installed by the worker in this process, if any."""
+    return _shared
+
+
+@contextmanager
+def leader_run(name: str, token: int | None) -> Iterator[None]:
+    """Mark the code inside as a leader run under *token* (used by the task base)."""
+    reset = _current_run.set(_Run(name, token, _shared))
+    try:
+        yield
+    finally:
+        _current_run.reset(reset)
+
+
+def _run() -> _Run:
+    run = _current_run.get()
+    if run is None:
+        raise LeaseError("lease_lost()/check_leadership() called outside a leader-only task")
+    return run
+
+
+def lease_lost() -> bool:
+    """True once the lease this run started under has ended (or was never valid).
+
+    Eager runs (``task.apply()``, ``task_always_eager``) hold no lease and
+    never see it lost. Raises :class:`LeaseError` outside a leader-only task.
+    """
+    run = _run()
+    if run.token is None:
+        return False
+    return run.shared is None or not run.shared.valid_for(run.token)
+
+
+def check_leadership() -> None:
+    """Raise :class:`LeaseLost` when :func:`lease_lost` is true.
+
+    Under ``on_loss="cancel"`` with ``acks_late`` the message goes back to the
+    broker and runs again on the new leader.
+    """
+    if lease_lost():
+        run = _run()
+        raise LeaseLost(run.name, run.token)
+
+
+def current_token() -> int | None:
+    """The fencing token of the running leader task (None in eager runs)."""
+    return _run().token

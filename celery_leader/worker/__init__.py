@@ -1,0 +1,1 @@
+"""Celery worker glue: bootsteps, leader queue switching, the request gate, revocation."""

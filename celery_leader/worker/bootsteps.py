@@ -1,0 +1,157 @@
+"""The bootsteps: ``LeaderElection`` (worker) and ``LeaderConsumer`` (consumer).
+
+``app.steps["worker"].add(LeaderElection)`` is all a user writes: the worker
+step adds the consumer step, registers the routing and the remote-control
+commands, and owns the :class:`~celery_leader.worker.coordinator.Coordinator`.
+
+Lifecycle:
+
+* ``__init__`` (worker start, before the pool forks): validate settings (a bad
+  value stops the worker here with one clear line), take the leader queue out
+  of the queues the worker consumes, create the shared lease memory.
+* The consumer step's ``start`` (after every broker (re)connect): start the
+  lease manager the first time, then consume the leader queue only if leading.
+* ``stop`` (warm shutdown, before the pool drains): stop taking leader work and
+  stop runs per ``on_loss``; the lease is kept while the pool drains.
+* After the pool drained (the worker blueprint's ``on_stopped``): stop leading
+  and release the lease, so a standby takes over at once.
+* ``terminate`` (cold shutdown): the same, releasing at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import bootsteps
+from celery.exceptions import ImproperlyConfigured
+
+from celery_leader import control as _control  # noqa: F401 - registers the remote-control commands
+from celery_leader.exceptions import ConfigurationError
+from celery_leader.lease import LeaseManager
+from celery_leader.settings import settings_for_app
+from celery_leader.stores import open_store
+from celery_leader.stores.base import Holder
+from celery_leader.tasks import ensure_router, resolve_leader_tasks
+from celery_leader.worker.coordinator import Coordinator
+
+logger = logging.getLogger(__name__)
+
+
+def pool_kind(worker: Any) -> str:
+    """``"prefork"``, ``"threads"``, ``"solo"``, ... for the worker's pool class."""
+    pool_cls = worker.pool_cls
+    module = pool_cls if isinstance(pool_cls, str) else getattr(pool_cls, "__module__", "")
+    return str(module).split(":")[0].rsplit(".", 1)[-1]
+
+
+class LeaderConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Consumer step: couples leader-queue consumption and liveness to the consumer."""
+
+    label = "LeaderConsumer"
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        self._ticker: Any = None
+        super().__init__(c, **kwargs)
+
+    def start(self, c: Any) -> None:
+        """After (re)connecting: keep the liveness tick going and sync the leader queue."""
+        coordinator = getattr(c.controller, "celery_leader", None)
+        if coordinator is None:
+            return
+        interval = max(0.05, coordinator.settings.timing.renew_interval / 3)
+        self._ticker = c.timer.call_repeatedly(interval, coordinator.tick)
+        coordinator.attach(c)
+
+    def stop(self, c: Any) -> None:
+        """Before a reconnect or shutdown: the loop will not tick until started again."""
+        coordinator = getattr(c.controller, "celery_leader", None)
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
+        if coordinator is not None:
+            coordinator.detach()
+
+    shutdown = stop
+
+
+class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Worker step: leader election for this worker. See the module docstring."""
+
+    label = "LeaderElection"
+    requires = ("celery.worker.components:Pool",)
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        app = worker.app
+        try:
+            settings = settings_for_app(app)
+            store = open_store(
+                settings.backend_url,
+                timeout=settings.timing.op_timeout,
+                options=settings.store_options,
+            )
+        except ConfigurationError as exc:
+            raise ImproperlyConfigured(f"celery-leader: {exc}") from None
+        app.steps["consumer"].add(LeaderConsumer)
+        ensure_router(app)
+        resolve_leader_tasks()
+        # Workers consume every queue in task_queues by default: followers
+        # must not eat leader messages, so the queue is only added on election.
+        app.amqp.queues.deselect(settings.queue)
+        coordinator = Coordinator(
+            settings,
+            manager=None,
+            nodename=worker.hostname,
+            pool_kind=pool_kind(worker),
+        )
+        coordinator.manager = LeaseManager(
+            store,
+            settings.name,
+            settings.timing,
+            holder=Holder.for_this_process(worker.hostname),
+            listeners=(coordinator.on_lease_event,),
+            liveness=coordinator.is_live,
+        )
+        coordinator.install()
+        worker.celery_leader = coordinator
+        self.coordinator = coordinator
+        self._finished = False
+        blueprint = worker.blueprint
+        original_on_stopped = blueprint.on_stopped
+
+        def on_stopped() -> None:
+            self._finish()
+            if original_on_stopped is not None:
+                original_on_stopped()
+
+        blueprint.on_stopped = on_stopped
+        logger.info(
+            "celery-leader: election %r on %s, leader queue %r, ttl %g s",
+            settings.name,
+            settings.masked_backend_url,
+            settings.queue,
+            settings.timing.ttl,
+        )
+        super().__init__(worker, **kwargs)
+
+    def stop(self, worker: Any) -> None:
+        """Warm shutdown: stop leader work; the release follows once the pool drained."""
+        try:
+            self.coordinator.begin_shutdown()
+        except Exception:
+            logger.exception("celery-leader: error while stopping leader work")
+
+    def terminate(self, worker: Any) -> None:
+        """Cold shutdown: stop leader work and release now."""
+        self.stop(worker)
+        self._finish()
+
+    def _finish(self) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        try:
+            self.coordinator.finish_shutdown()
+        except Exception:
+            logger.exception("celery-leader: error while releasing the lease")

@@ -1,0 +1,74 @@
+"""The gate: a Request class that admits leader-only work only under a valid lease.
+
+Celery calls ``Request.revoked()`` in the worker's main process right before
+it hands a task to the pool (and regenerates ``execute_using_pool`` per task
+type, so that is not the place to hook). Overriding ``revoked()`` lets the
+gate run exactly there: when this worker holds no valid lease, the message
+is rejected *with requeue* (it goes back to the broker, never dropped, never
+run), and when it does, the term's fencing token goes into the request,
+where the task reads it as ``self.request.leader_token``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.worker.request import Request
+from celery.worker.state import task_ready
+
+from celery_leader.worker.coordinator import current_coordinator
+
+logger = logging.getLogger(__name__)
+
+
+class LeaderRequest(Request):  # type: ignore[misc]
+    """A task request that passes the leader gate before it reaches the pool."""
+
+    def revoked(self) -> bool:
+        """Revoked by Celery, or not admitted by the gate (then handed back)."""
+        if super().revoked():
+            return True
+        if self.acknowledged:
+            return True  # already handed back by revocation on lease loss
+        coordinator = current_coordinator()
+        token = coordinator.admit() if coordinator is not None else None
+        if token is None:
+            self.hand_back("this worker does not hold the lease")
+            if coordinator is not None:
+                coordinator.on_gate_refused()
+            return True
+        self._request_dict["leader_token"] = token
+        return False
+
+    def hand_back(self, why: str) -> None:
+        """Return the message to the broker for the leader; forget it here."""
+        logger.info("celery-leader: handing %s back to the broker: %s", self.humaninfo(), why)
+        self.reject(requeue=True)
+        task_ready(self)
+
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> Any:
+        """A run killed because the lease was lost goes back to the broker, not to FAILURE."""
+        if not self.leader_revoked:
+            return super().on_failure(exc_info, send_failed_event, return_ok)
+        task_ready(self)
+        if self.task.acks_late:
+            logger.info("celery-leader: %s killed on lease loss; handed back", self.humaninfo())
+            self.reject(requeue=True)
+        else:
+            self.task.backend.mark_as_revoked(
+                self.id, "leader lease lost", request=self._context, store_result=True
+            )
+            self.acknowledge()
+        self.send_event("task-revoked", terminated=True, signum="SIGKILL", expired=False)
+        return None
+
+    #: Set when the lease was lost while this request ran under ``terminate``.
+    leader_revoked = False
+
+    @property
+    def leader_token(self) -> Any:
+        """The fencing token the gate admitted this request under, if any."""
+        return self._request_dict.get("leader_token")

@@ -1,0 +1,100 @@
+"""The Celery app the integration tests run real workers of.
+
+Configured from the environment so one module serves every test:
+LEADER_BROKER, LEADER_STORE, LEADER_HISTORY (a Redis URL where runs are
+recorded), LEADER_TTL, LEADER_RENEW (optional), LEADER_VISIBILITY (Redis
+broker visibility_timeout, seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import redis
+from celery import Celery, shared_task
+
+from celery_leader import LeaderElection, check_leadership, lease_lost, leader_only
+
+app = Celery("leaderapp", broker=os.environ.get("LEADER_BROKER", "redis://127.0.0.1:6379/0"))
+app.conf.leader_backend_url = os.environ.get("LEADER_STORE", app.conf.broker_url)
+app.conf.leader_lease_ttl = float(os.environ.get("LEADER_TTL", "3"))
+if os.environ.get("LEADER_RENEW"):
+    app.conf.leader_renew_interval = float(os.environ["LEADER_RENEW"])
+app.conf.broker_transport_options = {
+    "visibility_timeout": float(os.environ.get("LEADER_VISIBILITY", "30")),
+}
+app.conf.worker_prefetch_multiplier = 1
+app.conf.task_default_queue = "default"
+app.conf.broker_connection_retry_on_startup = True
+app.conf.worker_hijack_root_logger = False
+app.steps["worker"].add(LeaderElection)
+
+_history: redis.Redis | None = None
+
+
+def history() -> redis.Redis:
+    global _history  # noqa: PLW0603 - one client per (forked) process
+    if _history is None or _history.connection_pool.pid != os.getpid():
+        _history = redis.Redis.from_url(os.environ["LEADER_HISTORY"], decode_responses=True)
+    return _history
+
+
+def record(kind: str, task, **fields) -> None:  # type: ignore[no-untyped-def]
+    row = {
+        "kind": kind,
+        "task_id": task.request.id,
+        "worker": task.request.hostname,
+        "token": getattr(task.request, "leader_token", None),
+        "at": time.monotonic(),
+        "wall": time.time(),
+        **fields,
+    }
+    history().rpush("history", json.dumps(row))
+
+
+@leader_only
+@app.task(bind=True)
+def leader_record(self, i):
+    record("start", self, i=i)
+    record("end", self, i=i)
+    return i
+
+
+@app.task(bind=True)
+def plain_record(self, i):
+    record("plain", self, i=i)
+    return i
+
+
+@leader_only(on_loss="terminate")
+@app.task(bind=True)
+def slow_terminate(self, seconds, tag):
+    record("start", self, tag=tag)
+    time.sleep(seconds)
+    record("end", self, tag=tag)
+    return tag
+
+
+@leader_only(on_loss="cancel")
+@shared_task(bind=True)
+def slow_cancel(self, seconds, tag):
+    record("start", self, tag=tag)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if lease_lost():
+            record("saw-loss", self, tag=tag)
+            check_leadership()
+        time.sleep(0.02)
+    record("end", self, tag=tag)
+    return tag
+
+
+@leader_only(on_loss="finish")
+@app.task(bind=True)
+def slow_finish(self, seconds, tag):
+    record("start", self, tag=tag)
+    time.sleep(seconds)
+    record("end", self, tag=tag)
+    return tag
