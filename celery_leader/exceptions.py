@@ -46,3 +46,12 @@ class LeaseLost(LeaseError):  # noqa: N818 - the public name is fixed by the API
         self.token = token
         term = f" (token {token})" if token is not None else ""
         super().__init__(f"leadership of election {name!r}{term} was lost")
+
+
+class StaleTokenError(LeaseError):
+    """A fenced write carried a token older than one already accepted."""
+
+    def __init__(self, resource: str, token: int) -> None:
+        self.resource = resource
+        self.token = token
+        super().__init__(f"fenced write to {resource!r} refused: token {token} is stale")

@@ -1,0 +1,161 @@
+"""``celery -A proj leader status|step-down``: who leads, and handing over.
+
+Registered as a Celery CLI plugin (entry point group ``celery.commands``).
+Exit codes: ``status`` 0 when a leader holds the lease, 1 when none does;
+``step-down`` 0 when the lease was released, 1 when no leader held it (or it
+was not released in time); both 2 when the store cannot be read (one line on
+stderr, no traceback). Store URLs are printed with secrets masked.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import click
+
+from celery_leader._masking import mask_text
+from celery_leader.exceptions import ConfigurationError, StoreError
+from celery_leader.settings import LeaderSettings, settings_for_app
+from celery_leader.stores import open_store
+from celery_leader.stores.base import LeaseRecord, LeaseStore
+
+EXIT_LEADER = 0
+EXIT_NO_LEADER = 1
+EXIT_STORE_ERROR = 2
+
+
+def _fail(ctx: click.Context, message: str) -> None:
+    click.echo(f"celery leader: {mask_text(message)}", err=True)
+    ctx.exit(EXIT_STORE_ERROR)
+
+
+def _open(ctx: click.Context, beat: bool) -> tuple[LeaderSettings, LeaseStore]:
+    app = ctx.obj.app
+    try:
+        settings = settings_for_app(app, name_suffix=".beat" if beat else "")
+        store = open_store(
+            settings.backend_url,
+            timeout=max(settings.timing.op_timeout, 2.0),
+            options=settings.store_options,
+        )
+    except (ConfigurationError, StoreError) as exc:
+        _fail(ctx, str(exc))
+        raise  # unreachable: ctx.exit raises
+    return settings, store
+
+
+def _read(ctx: click.Context, store: LeaseStore, name: str) -> LeaseRecord | None:
+    try:
+        return store.read(name)
+    except StoreError as exc:
+        _fail(ctx, str(exc))
+        raise
+
+
+def status_payload(
+    settings: LeaderSettings, store: LeaseStore, record: LeaseRecord | None
+) -> dict[str, Any]:
+    """The JSON object ``leader status --json`` prints."""
+    leader = None
+    if record is not None:
+        leader = {
+            "nodename": record.nodename,
+            "hostname": record.hostname,
+            "pid": record.pid,
+            "token": record.token,
+            "acquired_at": record.acquired_at,
+            "expires_in": round(record.expires_in, 3),
+            "hold_off": round(record.hold_off, 3),
+        }
+    return {"name": settings.name, "store": store.url, "leader": leader}
+
+
+def _human(payload: dict[str, Any]) -> str:
+    lines = [f"election:   {payload['name']}", f"store:      {payload['store']}"]
+    leader = payload["leader"]
+    if leader is None:
+        lines.append("leader:     none")
+        return "\n".join(lines)
+    acquired = datetime.fromtimestamp(leader["acquired_at"], tz=timezone.utc)
+    lines += [
+        f"leader:     {leader['nodename']} (host {leader['hostname']}, pid {leader['pid']})",
+        f"token:      {leader['token']}",
+        f"acquired:   {acquired:%Y-%m-%d %H:%M:%S} UTC "
+        f"({max(0.0, time.time() - leader['acquired_at']):.1f} s ago)",
+        f"expires in: {leader['expires_in']:.2f} s (renewed while the leader lives)",
+    ]
+    if leader["hold_off"] > 0:
+        lines.append(f"holding off {leader['hold_off']:.2f} s: the store lost its data")
+    return "\n".join(lines)
+
+
+@click.group(name="leader")
+def leader() -> None:
+    """Leader election: who leads, and handing leadership over."""
+
+
+@leader.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--beat", is_flag=True, help="Show beat's election instead of the workers'.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool, beat: bool) -> None:
+    """Show the current holder of the lease (exit 0), or that none holds it (exit 1)."""
+    settings, store = _open(ctx, beat)
+    try:
+        record = _read(ctx, store, settings.name)
+    finally:
+        store.close()
+    payload = status_payload(settings, store, record)
+    click.echo(json.dumps(payload) if as_json else _human(payload))
+    ctx.exit(EXIT_LEADER if record is not None else EXIT_NO_LEADER)
+
+
+@leader.command("step-down")
+@click.option(
+    "--timeout",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(0.5, 300),
+    help="Seconds to wait for the release.",
+)
+@click.pass_context
+def step_down(ctx: click.Context, timeout: float) -> None:
+    """Ask the current leader to stop leader work and release; another worker takes over."""
+    settings, store = _open(ctx, beat=False)
+    try:
+        record = _read(ctx, store, settings.name)
+        if record is None:
+            click.echo(f"no leader holds election {settings.name!r}")
+            ctx.exit(EXIT_NO_LEADER)
+        assert record is not None
+        replies: Any = None
+        try:
+            replies = ctx.obj.app.control.broadcast(
+                "leader_step_down",
+                destination=[record.nodename],
+                reply=True,
+                timeout=min(timeout, 3.0),
+            )
+        except Exception as exc:  # noqa: BLE001 - any broker failure is one clear line
+            _fail(ctx, f"could not reach {record.nodename} through the broker: {exc}")
+        deadline = time.monotonic() + timeout
+        successor: LeaseRecord | None = record
+        while time.monotonic() < deadline:
+            successor = _read(ctx, store, settings.name)
+            if successor is None or successor.token != record.token:
+                break
+            time.sleep(0.05)
+    finally:
+        store.close()
+    if successor is not None and successor.token == record.token:
+        click.echo(f"{record.nodename} did not release within {timeout:g} s (replies: {replies})")
+        ctx.exit(EXIT_NO_LEADER)
+    click.echo(f"{record.nodename} stepped down (token {record.token})")
+    if successor is None:
+        click.echo("now leading: nobody yet (a standby takes over within moments)")
+    else:
+        click.echo(f"now leading: {successor.nodename} (token {successor.token})")
+    ctx.exit(EXIT_LEADER)

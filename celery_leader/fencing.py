@@ -1,0 +1,80 @@
+"""Fenced writes: make downstream writes refuse a stale leader.
+
+A lease cannot stop a process that was paused past its lease (a long GC, a
+frozen VM, SIGSTOP) from waking up mid-task and writing. The fencing token
+can: every term's token is greater than all earlier ones, so a store that
+remembers the highest token it accepted for a resource can refuse a write
+that carries a lower one.
+
+Redis, with :class:`RedisFence`::
+
+    fence = RedisFence(redis.Redis.from_url("redis://..."))
+
+    @leader_only
+    @app.task(bind=True)
+    def compact(self):
+        ...
+        if not fence.set("daily-totals", "totals:2026-11-22", payload,
+                         token=self.request.leader_token):
+            return  # a newer leader has written: drop our stale result
+
+SQL, with a ``fence_token`` column on the row you write::
+
+    UPDATE totals SET value = :value, fence_token = :token
+     WHERE day = :day AND fence_token <= :token;
+    -- 0 rows updated: a newer leader wrote first; roll back.
+
+(Insert the row once with ``fence_token = 0``; the comparison and the write
+are one statement, so they are atomic.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery_leader.exceptions import StaleTokenError
+
+KEY_PREFIX = "celery-leader:fence:"
+
+
+class RedisFence:
+    """Per-resource highest accepted token in Redis, checked and written atomically."""
+
+    # KEYS[1] the resource's fence key; KEYS[2] (optional) a key to write.
+    # ARGV[1] the writer's token; ARGV[2] the value for KEYS[2].
+    # Returns 1 when the token is not older than the highest seen (which it
+    # becomes, and the value is written), else 0 and nothing changes.
+    FENCE_LUA = """
+    local highest = tonumber(redis.call('GET', KEYS[1]) or '0')
+    if tonumber(ARGV[1]) < highest then return 0 end
+    redis.call('SET', KEYS[1], ARGV[1])
+    if KEYS[2] then redis.call('SET', KEYS[2], ARGV[2]) end
+    return 1
+    """
+
+    def __init__(self, client: Any, prefix: str = KEY_PREFIX) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._script = client.register_script(self.FENCE_LUA)
+
+    def _fence_key(self, resource: str) -> str:
+        return f"{self._prefix}{resource}"
+
+    def admit(self, resource: str, token: int) -> bool:
+        """Record *token* for *resource* unless a greater one was seen; True when admitted."""
+        return int(self._script(keys=[self._fence_key(resource)], args=[int(token)])) == 1
+
+    def set(self, resource: str, key: str, value: Any, token: int) -> bool:
+        """Write *value* to *key* only if *token* is not stale for *resource*."""
+        keys = [self._fence_key(resource), key]
+        return int(self._script(keys=keys, args=[int(token), value])) == 1
+
+    def require(self, resource: str, token: int) -> None:
+        """Like :meth:`admit`, raising :class:`StaleTokenError` when the token is stale."""
+        if not self.admit(resource, token):
+            raise StaleTokenError(resource, token)
+
+    def highest(self, resource: str) -> int:
+        """The highest token admitted for *resource* so far (0 if none)."""
+        value = self._client.get(self._fence_key(resource))
+        return int(value or 0)
