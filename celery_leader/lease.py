@@ -310,6 +310,8 @@ class LeaseManager:
         now = self._clock()
         if now < self._sit_out_until:
             return self._sit_out_until - now
+        if self._liveness is not None and not self._is_live():
+            return self.timing.renew_interval  # not fit to lead: do not compete
         t_sent = self._clock()
         try:
             result = self.store.acquire(self.name, self.holder, self.timing.ttl, self._max_token)
@@ -366,6 +368,9 @@ class LeaseManager:
         if now >= held.next_renew_at:
             if self._liveness is not None and not self._is_live():
                 self._lose(LossReason.NOT_LIVE)
+                # We can still reach the store: hand the lease over now
+                # rather than make everyone wait for it to expire.
+                self._release_quietly()
                 return self.timing.renew_interval
             if not self.timing.can_renew_in_time(now, held.valid_until):
                 self._lose(LossReason.STORE_UNREACHABLE)
@@ -450,14 +455,7 @@ class LeaseManager:
             self._state = _FOLLOWER
         stopped_at = self._clock()
         if release:
-            try:
-                self.store.release(self.name, self.holder.lease_id)
-            except StoreError as exc:
-                logger.warning(
-                    "celery-leader: could not release election %r (it will expire): %s",
-                    self.name,
-                    exc,
-                )
+            self._release_quietly()
         if held.elected_at is not None:
             logger.info(
                 "celery-leader: %s released election %r (token %d)",
@@ -466,6 +464,16 @@ class LeaseManager:
                 held.token,
             )
             self._emit(EventKind.RELEASED, held.term(), at=stopped_at)
+
+    def _release_quietly(self) -> None:
+        try:
+            self.store.release(self.name, self.holder.lease_id)
+        except StoreError as exc:
+            logger.warning(
+                "celery-leader: could not release election %r (it will expire): %s",
+                self.name,
+                exc,
+            )
 
     def _emit(
         self,

@@ -35,6 +35,7 @@ from celery_leader.lease import EventKind, LeaseEvent, LeaseManager, Role
 from celery_leader.runtime import install_shared_lease
 from celery_leader.settings import LeaderSettings
 from celery_leader.worker.dispatch import SerialDispatcher
+from celery_leader.worker.redis_wakeup import wake_redis_consumer
 from celery_leader.worker.shared_state import SharedLease
 
 logger = logging.getLogger(__name__)
@@ -170,6 +171,7 @@ class Coordinator:
         consuming = consumer.task_consumer.consuming_from(queue)
         if self.should_consume() and not consuming:
             consumer.add_task_queue(queue)
+            wake_redis_consumer(consumer)
         elif not self.should_consume():
             if consuming:
                 consumer.cancel_task_queue(queue)
@@ -299,12 +301,28 @@ class Coordinator:
     # -- shutdown (main thread) ----------------------------------------------
 
     def begin_shutdown(self) -> None:
-        """Warm shutdown: stop taking leader work and stop runs per policy; keep the lease."""
+        """Warm shutdown: stop taking leader work, stop runs per policy, release when they end.
+
+        The lease is released as soon as no leader task runs here any more
+        (a standby then takes over at once), without waiting for the rest of
+        the pool to drain; :meth:`finish_shutdown` releases at the latest.
+        """
         self.shutting_down = True
         token = self.manager.current_token()
-        if token is not None:
-            self.shared.revoke()
-            self.kill_terminate_runs(token)
+        if token is None:
+            return
+        self.shared.revoke()
+        self.kill_terminate_runs(token)
+        threading.Thread(
+            target=self._release_when_idle, name="celery-leader-shutdown", daemon=True
+        ).start()
+
+    def _release_when_idle(self) -> None:
+        try:
+            if self.wait_for_leader_runs(self.settings.timing.ttl * 60):
+                self.manager.stop(release=True)
+        except Exception:
+            logger.exception("celery-leader: early release failed; releasing at shutdown")
 
     def finish_shutdown(self) -> None:
         """After the pool drained: stop leading, release, stop the threads."""

@@ -17,7 +17,30 @@ from typing import Any
 from celery.worker.request import Request
 from celery.worker.state import task_ready
 
+from celery_leader.tasks import leader_queue_for
 from celery_leader.worker.coordinator import current_coordinator
+
+#: Message properties carried over when a message is re-routed.
+_KEPT_PROPERTIES = ("correlation_id", "reply_to", "priority", "expiration")
+
+
+def republish(app: Any, message: Any, queue_name: str) -> None:
+    """Publish *message* unchanged (body, headers, properties) to the queue *queue_name*."""
+    queue = app.amqp.queues[queue_name]
+    properties = {k: message.properties[k] for k in _KEPT_PROPERTIES if message.properties.get(k)}
+    with app.producer_or_acquire() as producer:
+        producer.publish(
+            message.body,
+            exchange=queue.exchange,
+            routing_key=queue.routing_key,
+            declare=[queue],
+            headers=message.headers,
+            content_type=message.content_type,
+            content_encoding=message.content_encoding,
+            retry=True,
+            **properties,
+        )
+
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +65,28 @@ class LeaderRequest(Request):  # type: ignore[misc]
         return False
 
     def hand_back(self, why: str) -> None:
-        """Return the message to the broker for the leader; forget it here."""
-        logger.info("celery-leader: handing %s back to the broker: %s", self.humaninfo(), why)
-        self.reject(requeue=True)
+        """Return the message to the broker for the leader; forget it here.
+
+        A message from the leader queue is rejected with requeue (it keeps its
+        place). One that came by another queue is published to the leader
+        queue first and only then acknowledged: requeueing it where it came
+        from would let a follower receive it again and again. If publishing
+        fails, it is requeued where it came from: never dropped.
+        """
+        coordinator = current_coordinator()
+        queue = coordinator.settings.queue if coordinator else leader_queue_for(self._app)
+        if self.delivery_info.get("routing_key") == queue:
+            logger.info("celery-leader: %s requeued: %s", self.humaninfo(), why)
+            self.reject(requeue=True)
+        else:
+            try:
+                republish(self._app, self._message, queue)
+            except Exception:
+                logger.exception("celery-leader: could not re-route %s; requeued", self.humaninfo())
+                self.reject(requeue=True)
+            else:
+                logger.info("celery-leader: %s re-routed to %s: %s", self.humaninfo(), queue, why)
+                self.acknowledge()
         task_ready(self)
 
     def on_failure(

@@ -4,6 +4,8 @@ Configured from the environment so one module serves every test:
 LEADER_BROKER, LEADER_STORE, LEADER_HISTORY (a Redis URL where runs are
 recorded), LEADER_TTL, LEADER_RENEW (optional), LEADER_VISIBILITY (Redis
 broker visibility_timeout, seconds).
+LEADER_NAME names the election and prefixes the queues, so tests sharing one
+RabbitMQ never see each other's messages.
 """
 
 from __future__ import annotations
@@ -14,22 +16,30 @@ import time
 
 import redis
 from celery import Celery, shared_task
+from celery.worker.control import control_command
 
 from celery_leader import LeaderElection, check_leadership, lease_lost, leader_only
+from celery_leader.fencing import RedisFence
 
 app = Celery("leaderapp", broker=os.environ.get("LEADER_BROKER", "redis://127.0.0.1:6379/0"))
+app.conf.leader_name = os.environ.get("LEADER_NAME", "leaderapp")
 app.conf.leader_backend_url = os.environ.get("LEADER_STORE", app.conf.broker_url)
 app.conf.leader_lease_ttl = float(os.environ.get("LEADER_TTL", "3"))
 if os.environ.get("LEADER_RENEW"):
     app.conf.leader_renew_interval = float(os.environ["LEADER_RENEW"])
 app.conf.broker_transport_options = {
     "visibility_timeout": float(os.environ.get("LEADER_VISIBILITY", "30")),
+    "unacked_restore_interval": 1,
+    "unacked_restore_throttle": 1,
 }
 app.conf.worker_prefetch_multiplier = 1
-app.conf.task_default_queue = "default"
+app.conf.task_default_queue = f"{app.conf.leader_name}.default"
 app.conf.broker_connection_retry_on_startup = True
 app.conf.worker_hijack_root_logger = False
 app.steps["worker"].add(LeaderElection)
+fence = RedisFence(
+    redis.Redis.from_url(os.environ.get("LEADER_HISTORY", "redis://127.0.0.1:6379/15"))
+)
 
 _history: redis.Redis | None = None
 
@@ -98,3 +108,21 @@ def slow_finish(self, seconds, tag):
     time.sleep(seconds)
     record("end", self, tag=tag)
     return tag
+
+
+@leader_only(on_loss="finish")
+@app.task(bind=True)
+def fenced_writer(self, seconds, tag):
+    """Runs past a freeze, then writes through the fence: a stale token is refused."""
+    record("start", self, tag=tag)
+    time.sleep(seconds)
+    accepted = fence.set("report", f"report:{tag}", tag, token=self.request.leader_token)
+    record("fenced-write", self, tag=tag, accepted=accepted)
+    return accepted
+
+
+@control_command()
+def block_loop(state, seconds=5.0, **kwargs):
+    """Test-only: block the worker's consumer loop, as a stuck worker would."""
+    time.sleep(float(seconds))
+    return {"ok": "blocked"}

@@ -1,0 +1,236 @@
+"""Real Celery workers (subprocesses), real redis-servers, a real RabbitMQ."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_leader import install
+
+from tests.servers import RedisServer
+
+ROOT = Path(__file__).resolve().parents[2]
+TASKS = "tests.integration.leaderapp"
+LEADER_TASKS = ("leader_record", "slow_terminate", "slow_cancel", "slow_finish", "fenced_writer")
+RABBITMQ_URL = os.environ.get("LEADER_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+class Worker:
+    """One ``celery worker`` process of tests.integration.leaderapp."""
+
+    def __init__(
+        self, env: dict[str, str], nodename: str, logdir: Path, pool: str, extra: list[str]
+    ) -> None:
+        self.nodename = nodename
+        self.log = logdir / f"{nodename.split('@')[0]}.log"
+        args = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.integration.leaderapp",
+            "worker",
+            "-n",
+            nodename,
+            "-P",
+            pool,
+            "-l",
+            "info",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            *extra,
+        ]
+        if pool != "solo" and not any(a.startswith("-c") for a in extra):
+            args += ["-c", "2"]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                args, cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True
+            )
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if "ready." in self.text():
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"{self.nodename} exited {self.proc.returncode}:\n{self.text()[-3000:]}"
+                )
+            time.sleep(0.05)
+        raise AssertionError(f"{self.nodename} not ready:\n{self.text()[-3000:]}")
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def signal(self, signum: int) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signum) if signum in (
+                signal.SIGKILL,
+                signal.SIGSTOP,
+                signal.SIGCONT,
+            ) else self.proc.send_signal(signum)
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.proc.poll() is None:
+            self.signal(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.proc.wait(10)
+
+
+class Cluster:
+    """Servers, environment and workers for one test."""
+
+    def __init__(self, tmp: Path, broker: str) -> None:
+        self.tmp = tmp
+        self.data = RedisServer(tmp).start()  # broker (redis runs) and run history
+        self.store = RedisServer(tmp).start()  # the lease store, separate so it can be paused
+        self.name = f"t{uuid.uuid4().hex[:8]}"
+        broker_url = self.data.url if broker == "redis" else RABBITMQ_URL
+        self.env = {
+            **os.environ,
+            "LEADER_BROKER": broker_url,
+            "LEADER_STORE": self.store.url,
+            "LEADER_HISTORY": f"redis://127.0.0.1:{self.data.port}/2",
+            "LEADER_NAME": self.name,
+            "LEADER_TTL": "2",
+            "LEADER_VISIBILITY": "4",
+            "PYTHONPATH": str(ROOT),
+        }
+        self.workers: list[Worker] = []
+        self.history_client = redis.Redis(
+            host="127.0.0.1", port=self.data.port, db=2, decode_responses=True
+        )
+        self.client = Celery("client", broker=broker_url)
+        self.client.conf.update(
+            leader_name=self.name,
+            task_default_queue=f"{self.name}.default",
+            broker_transport_options={"visibility_timeout": 4},
+        )
+        install(self.client, tasks=[f"{TASKS}.{name}" for name in LEADER_TASKS])
+
+    def send(self, task: str, *args, **options):  # type: ignore[no-untyped-def]
+        """Send a task of leaderapp by name, routed as any client would route it."""
+        return self.client.send_task(f"{TASKS}.{task}", args=args, **options)
+
+    def start(
+        self, count: int, pool: str = "prefork", extra: list[str] | None = None, wait: bool = True
+    ) -> list[Worker]:
+        started = []
+        for _ in range(count):
+            nodename = f"w{len(self.workers) + 1}@{self.name}"
+            worker = Worker(self.env, nodename, self.tmp, pool, extra or [])
+            self.workers.append(worker)
+            started.append(worker)
+        if wait:
+            for worker in started:
+                worker.wait_ready()
+        return started
+
+    def leader_status(self) -> tuple[int, dict | None]:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tests.integration.leaderapp",
+                "leader",
+                "status",
+                "--json",
+            ],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip() else None)
+
+    def leader_worker(self, timeout: float = 15) -> Worker:
+        """The worker holding the lease and past its hold-off."""
+        deadline = time.monotonic() + timeout
+        client = redis.Redis(host="127.0.0.1", port=self.store.port, decode_responses=True)
+        while time.monotonic() < deadline:
+            raw = client.get(f"celery-leader:{{{self.name}}}:lease")
+            if raw:
+                data = json.loads(raw)
+                hold = int(data.get("hold_until_us", 0)) / 1e6
+                if hold <= time.time():
+                    for worker in self.workers:
+                        if worker.nodename == data["nodename"] and worker.proc.poll() is None:
+                            if "Started consuming from" in worker.text():
+                                return worker
+            time.sleep(0.05)
+        raise AssertionError("no leader elected")
+
+    def history(self) -> list[dict]:
+        return [json.loads(x) for x in self.history_client.lrange("history", 0, -1)]
+
+    def wait_history(self, predicate, timeout: float) -> list[dict]:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rows = self.history()
+            if predicate(rows):
+                return rows
+            time.sleep(0.05)
+        return self.history()
+
+    def close(self) -> None:
+        for worker in self.workers:  # all at once: each takes a moment to stop
+            if worker.proc.poll() is None:
+                worker.signal(signal.SIGCONT)
+                worker.proc.send_signal(signal.SIGTERM)
+        for worker in self.workers:
+            worker.stop()
+        self.client.close()
+        self.data.stop()
+        self.store.stop()
+
+
+def rabbitmq_available() -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", 5672), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def broker(request: pytest.FixtureRequest) -> str:
+    """Each broker in turn: Redis (own server) and RabbitMQ (the machine's)."""
+    return str(request.param)
+
+
+@pytest.fixture
+def cluster_for(tmp_path: Path) -> Iterator:
+    made: list[Cluster] = []
+
+    def make(broker: str = "redis") -> Cluster:
+        if broker == "rabbitmq" and not rabbitmq_available():
+            pytest.fail("RabbitMQ is not running on 127.0.0.1:5672: run the README's test command")
+        cluster = Cluster(tmp_path, broker)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        cluster.close()
