@@ -17,7 +17,6 @@ import redis
 from celery import Celery
 
 from celery_leader import install
-
 from tests.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +32,7 @@ class Worker:
         self, env: dict[str, str], nodename: str, logdir: Path, pool: str, extra: list[str]
     ) -> None:
         self.nodename = nodename
-        self.log = logdir / f"{nodename.split('@')[0]}.log"
+        self.log = logdir / f"{nodename.split('@', maxsplit=1)[0]}.log"
         args = [
             sys.executable,
             "-m",
@@ -174,9 +173,12 @@ class Cluster:
                 hold = int(data.get("hold_until_us", 0)) / 1e6
                 if hold <= time.time():
                     for worker in self.workers:
-                        if worker.nodename == data["nodename"] and worker.proc.poll() is None:
-                            if "Started consuming from" in worker.text():
-                                return worker
+                        if (
+                            worker.nodename == data["nodename"]
+                            and worker.proc.poll() is None
+                            and "Started consuming from" in worker.text()
+                        ):
+                            return worker
             time.sleep(0.05)
         raise AssertionError("no leader elected")
 

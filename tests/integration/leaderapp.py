@@ -18,7 +18,7 @@ import redis
 from celery import Celery, shared_task
 from celery.worker.control import control_command
 
-from celery_leader import LeaderElection, check_leadership, lease_lost, leader_only
+from celery_leader import LeaderElection, check_leadership, leader_only, lease_lost
 from celery_leader.fencing import RedisFence
 
 app = Celery("leaderapp", broker=os.environ.get("LEADER_BROKER", "redis://127.0.0.1:6379/0"))

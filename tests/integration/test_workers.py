@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import signal
 import time
 
@@ -19,7 +18,7 @@ def runs(rows, kind="start"):
     [("redis", "prefork"), ("redis", "threads"), ("redis", "solo"), ("rabbitmq", "prefork")],
 )
 def test_three_workers_one_leader_runs_all_leader_tasks(cluster_for, broker, pool):
-    """3 workers: only the leader consumes the leader queue; 200 leader tasks run there once each."""
+    """3 workers: only the leader consumes its queue; 200 leader tasks run there, once each."""
     cluster = cluster_for(broker)
     cluster.start(3, pool=pool)
     leader = cluster.leader_worker()
@@ -113,7 +112,7 @@ def test_sigkill_leader_under_stream_fails_over_without_loss(cluster_for, broker
 
 @pytest.mark.slow
 def test_sigstop_leader_past_ttl_then_resume(cluster_for):
-    """A frozen leader: no stale starts; on resume its terminate run dies, its fenced write is refused."""
+    """Frozen leader: no stale starts; on resume its run is killed, its fenced write refused."""
     cluster = cluster_for("redis")
     cluster.start(2)
     old = cluster.leader_worker()
