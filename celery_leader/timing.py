@@ -59,21 +59,21 @@ class LeaseTiming:
         """
         if not ttl > 0:
             raise ConfigurationError(
-                f"leader_lease_ttl={ttl!r} is not allowed: it must be a number of seconds > 0"
+                f"leader_lease_ttl={ttl:g} is not allowed: it must be a number of seconds > 0"
             )
         if renew_interval is None:
             renew_interval = ttl * renew_fraction
         if not 0 < renew_interval < ttl / 2:
             raise ConfigurationError(
-                f"leader_renew_interval={renew_interval!r} is not allowed with "
-                f"leader_lease_ttl={ttl!r}: it must be > 0 and < ttl/2 ({ttl / 2:g}) "
+                f"leader_renew_interval={renew_interval:g} is not allowed with "
+                f"leader_lease_ttl={ttl:g}: it must be > 0 and < ttl/2 ({ttl / 2:g}) "
                 "so that a failed renewal can be retried before the lease runs out"
             )
         if margin is None:
             margin = max(MIN_MARGIN, ttl * DEFAULT_DRIFT_FRACTION)
         if not 0 <= margin <= ttl / 4:
             raise ConfigurationError(
-                f"leader_lease_margin={margin!r} is not allowed with leader_lease_ttl={ttl!r}: "
+                f"leader_lease_margin={margin:g} is not allowed with leader_lease_ttl={ttl:g}: "
                 f"it must be >= 0 and <= ttl/4 ({ttl / 4:g})"
             )
         if op_timeout is None:
@@ -81,8 +81,8 @@ class LeaseTiming:
         room = ttl - margin - renew_interval
         if not 0 < op_timeout < room:
             raise ConfigurationError(
-                f"leader_store_timeout={op_timeout!r} is not allowed with "
-                f"leader_lease_ttl={ttl!r} and leader_renew_interval={renew_interval!r}: "
+                f"leader_store_timeout={op_timeout:g} is not allowed with "
+                f"leader_lease_ttl={ttl:g} and leader_renew_interval={renew_interval:g}: "
                 f"it must be > 0 and < ttl - margin - renew_interval ({room:g})"
             )
         return cls(ttl=ttl, renew_interval=renew_interval, margin=margin, op_timeout=op_timeout)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import click
 from celery import bootsteps
 from celery.exceptions import ImproperlyConfigured
 
@@ -36,6 +37,20 @@ from celery_leader.tasks import ensure_router, resolve_leader_tasks
 from celery_leader.worker.coordinator import Coordinator
 
 logger = logging.getLogger(__name__)
+
+
+class WorkerConfigurationError(ImproperlyConfigured, click.ClickException):  # type: ignore[misc]
+    """A bad ``leader_*`` setting found at worker start.
+
+    It is Celery's ``ImproperlyConfigured`` for code that embeds a worker, and
+    a click exception for ``celery worker``, which then prints the one line
+    ``Error: celery-leader: <key>=<value> is not allowed: ...`` and exits 1,
+    instead of a traceback.
+    """
+
+    def __init__(self, message: str) -> None:
+        ImproperlyConfigured.__init__(self, message)
+        click.ClickException.__init__(self, message)
 
 
 def pool_kind(worker: Any) -> str:
@@ -92,7 +107,7 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
                 options=settings.store_options,
             )
         except ConfigurationError as exc:
-            raise ImproperlyConfigured(f"celery-leader: {exc}") from None
+            raise WorkerConfigurationError(f"celery-leader: {exc}") from None
         app.steps["consumer"].add(LeaderConsumer)
         ensure_router(app)
         resolve_leader_tasks()

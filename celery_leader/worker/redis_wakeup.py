@@ -35,7 +35,7 @@ def wake_redis_consumer(consumer: Any) -> bool:
         try:
             for client in admin.client_list():
                 if client.get("addr") == f"{host}:{port}":
-                    return bool(admin.client_unblock(client["id"], error=False))
+                    return bool(admin.client_unblock(int(client["id"]), error=False))
         finally:
             admin.close()
     except Exception as exc:  # noqa: BLE001 - an optimisation: never let it break the worker

@@ -19,6 +19,7 @@ from celery import Celery, shared_task
 from celery.worker.control import control_command
 
 from celery_leader import LeaderElection, check_leadership, leader_only, lease_lost
+from celery_leader import signals
 from celery_leader.fencing import RedisFence
 
 app = Celery("leaderapp", broker=os.environ.get("LEADER_BROKER", "redis://127.0.0.1:6379/0"))
@@ -126,3 +127,26 @@ def block_loop(state, seconds=5.0, **kwargs):
     """Test-only: block the worker's consumer loop, as a stuck worker would."""
     time.sleep(float(seconds))
     return {"ok": "blocked"}
+
+
+def _signal_recorder(kind):  # type: ignore[no-untyped-def]
+    def receiver(sender, token, name, **kwargs):  # type: ignore[no-untyped-def]
+        row = {
+            "kind": kind,
+            "worker": sender,
+            "token": token,
+            "name": name,
+            "reason": kwargs.get("reason"),
+            "at": time.monotonic(),
+        }
+        history().rpush("history", json.dumps(row))
+
+    return receiver
+
+
+for _kind, _signal in (
+    ("signal-elected", signals.leader_elected),
+    ("signal-lost", signals.leader_lost),
+    ("signal-released", signals.leader_released),
+):
+    _signal.connect(_signal_recorder(_kind), weak=False)
