@@ -20,9 +20,18 @@ venv() {
   .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${1:+[$1]}"
 }
 
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
 test_services() {
   # Tests start their own redis-server processes on free ports; they need the binary.
   command -v redis-server >/dev/null || apt_install redis-server
+  # The RabbitMQ broker tests use the machine's RabbitMQ on 127.0.0.1:5672 (guest/guest).
+  if ! port_open 5672; then
+    command -v rabbitmq-server >/dev/null || apt_install rabbitmq-server
+    as_root rabbitmq-server -detached >/dev/null 2>&1 || true
+    for _ in $(seq 1 120); do port_open 5672 && break; sleep 1; done
+    port_open 5672 || { echo "RabbitMQ did not start on 127.0.0.1:5672" >&2; exit 1; }
+  fi
 }
 
 cmd="${1:-}"; shift || true

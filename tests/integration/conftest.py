@@ -21,7 +21,10 @@ from tests.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = "tests.integration.leaderapp"
-LEADER_TASKS = ("leader_record", "slow_terminate", "slow_cancel", "slow_finish", "fenced_writer")
+LEADER_TASKS = (
+    "leader_record", "slow_terminate", "slow_cancel", "slow_finish", "fenced_writer",
+    "noop_leader", "long_terminate",
+)
 RABBITMQ_URL = os.environ.get("LEADER_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 
 

@@ -150,3 +150,29 @@ for _kind, _signal in (
     ("signal-released", signals.leader_released),
 ):
     _signal.connect(_signal_recorder(_kind), weak=False)
+
+
+def _count(kind):  # type: ignore[no-untyped-def]
+    now = time.monotonic()
+    pipe = history().pipeline(transaction=False)
+    pipe.incr(f"noop-{kind}").setnx(f"noop-{kind}-first", now).set(f"noop-{kind}-last", now)
+    pipe.execute()
+
+
+@leader_only
+@app.task(bind=True)
+def noop_leader(self):
+    _count("leader")
+
+
+@app.task(bind=True, acks_late=True)  # as leader-only tasks are: compare the gate alone
+def noop_plain(self):
+    _count("plain")
+
+
+@leader_only(on_loss="terminate")
+@app.task(bind=True)
+def long_terminate(self, seconds):
+    record("start", self, pid=os.getpid())
+    time.sleep(seconds)
+    record("end", self)
