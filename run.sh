@@ -51,7 +51,7 @@ case "$cmd" in
   bench)
     test_services
     venv dev
-    exec .venv/bin/python -m benchmarks.lease "$@"
+    exec .venv/bin/python -m benchmarks "$@"
     ;;
   *)
     echo "usage: ./run.sh demo|test|bench [args]" >&2
