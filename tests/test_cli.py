@@ -19,7 +19,7 @@ from tests.servers import RedisServer, free_port
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "s3cretpw"
 
-APP_MODULE = '''\
+APP_MODULE = """\
 import os
 
 from celery import Celery
@@ -31,7 +31,7 @@ app.conf.leader_backend_url = os.environ["CLIAPP_STORE"]
 if os.environ.get("CLIAPP_TTL"):
     app.conf.leader_lease_ttl = float(os.environ["CLIAPP_TTL"])
 app.steps["worker"].add(celery_leader.LeaderElection)
-'''
+"""
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -202,9 +202,7 @@ def test_status_wrong_password_exits_2_masked(leader_cli: Run, tmp_path: Path) -
     assert f"redis://:***@127.0.0.1:{server.port}/0" in lines[0]
 
 
-@pytest.mark.parametrize(
-    "args", [("status",), ("status", "--json"), ("step-down",)], ids=lambda a: " ".join(a)
-)
+@pytest.mark.parametrize("args", [("status",), ("status", "--json"), ("step-down",)], ids=" ".join)
 def test_unreachable_store_exits_2_with_one_line(leader_cli: Run, args: tuple[str, ...]) -> None:
     """Nothing listening at the store: exit 2, exactly one stderr line, no traceback, masked."""
     port = free_port()

@@ -149,6 +149,15 @@ class LeaseStore(Protocol):
     def read(self, name: str) -> LeaseRecord | None:
         """The current holder, or None when nobody holds the lease."""
 
+    def get_state(self, name: str) -> dict[str, str]:
+        """The small key/value state kept beside the lease of *name* (anyone may read)."""
+
+    def set_state(self, name: str, lease_id: str, key: str, value: str) -> bool:
+        """Set one state *key*, only while *lease_id* holds the lease; False otherwise.
+
+        Fenced by the lease: a holder that lost it cannot write.
+        """
+
     def watch(self, name: str, callback: Callable[[], None]) -> Watch:
         """Call *callback* (from any thread) when the lease of *name* may be free.
 

@@ -29,7 +29,9 @@ What Redis can do to a lease, and what this store does about it:
 
 Keys, per election name ``N`` (the braces keep both in one cluster slot):
 ``celery-leader:{N}:lease`` (JSON holder record, with a TTL),
-``celery-leader:{N}:token`` (the fencing counter, no TTL) and the pub/sub
+``celery-leader:{N}:token`` (the fencing counter, no TTL),
+``celery-leader:{N}:state`` (a hash the holder may write, e.g. beat's last
+sends; no TTL) and the pub/sub
 channel ``celery-leader:{N}:released``.
 """
 
@@ -71,6 +73,11 @@ def lease_key(name: str) -> str:
 def token_key(name: str) -> str:
     """The key that holds the fencing counter of election *name*."""
     return f"{KEY_PREFIX}:{{{name}}}:token"
+
+
+def state_key(name: str) -> str:
+    """The hash that holds the small state kept beside the lease of *name*."""
+    return f"{KEY_PREFIX}:{{{name}}}:state"
 
 
 def release_channel(name: str) -> str:
@@ -151,6 +158,17 @@ class RedisLeaseStore:
     return 1
     """
 
+    # KEYS[1] lease key, KEYS[2] state hash. ARGV[1] lease id, ARGV[2] field, ARGV[3] value.
+    # Returns 1 when the lease is ours and the field was set, else 0.
+    SET_STATE_LUA = """
+    local current = redis.call('GET', KEYS[1])
+    if not current then return 0 end
+    local ok, rec = pcall(cjson.decode, current)
+    if not ok or type(rec) ~= 'table' or rec['lease_id'] ~= ARGV[1] then return 0 end
+    redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+    return 1
+    """
+
     # KEYS[1] lease key. Returns {value or false, pttl_ms, now_us as string}.
     READ_LUA = """
     local now = redis.call('TIME')
@@ -166,6 +184,7 @@ class RedisLeaseStore:
         self._renew = client.register_script(self.RENEW_LUA)
         self._release = client.register_script(self.RELEASE_LUA)
         self._read = client.register_script(self.READ_LUA)
+        self._set_state = client.register_script(self.SET_STATE_LUA)
 
     @classmethod
     def from_url(
@@ -248,6 +267,20 @@ class RedisLeaseStore:
         if not value:
             return None
         return _parse_record(value, int(pttl_ms) / 1000, int(now_us) / 1e6)
+
+    def get_state(self, name: str) -> dict[str, str]:
+        """All fields of the state hash of *name*."""
+        with self._translated("read state"):
+            raw = self._client.hgetall(state_key(name))
+        return {str(k): str(v) for k, v in raw.items()}
+
+    def set_state(self, name: str, lease_id: str, key: str, value: str) -> bool:
+        """HSET one field, compare-and-set on our lease."""
+        with self._translated("write state"):
+            reply = self._set_state(
+                keys=[lease_key(name), state_key(name)], args=[lease_id, key, value]
+            )
+        return int(reply) == 1
 
     def watch(self, name: str, callback: Callable[[], None]) -> Watch:
         """Subscribe to the release channel in a daemon thread."""

@@ -52,6 +52,12 @@ CREATE TABLE IF NOT EXISTS celery_leader_lease (
     expires_at_us INTEGER NOT NULL,
     hold_until_us INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS celery_leader_state (
+    name TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (name, key)
+);
 CREATE TABLE IF NOT EXISTS celery_leader_token (
     name TEXT PRIMARY KEY,
     last_token INTEGER NOT NULL
@@ -225,6 +231,30 @@ class SQLiteLeaseStore:
             except sqlite3.Error as exc:
                 raise StoreError(f"lease store {self.url}: read failed: {exc}") from None
         return None if row is None else _record(row, now_us)
+
+    def get_state(self, name: str) -> dict[str, str]:
+        """All state keys of *name*."""
+        with self._lock:
+            try:
+                rows = self._conn.execute(
+                    "SELECT key, value FROM celery_leader_state WHERE name = ?", (name,)
+                ).fetchall()
+            except sqlite3.Error as exc:
+                raise StoreError(f"lease store {self.url}: read state failed: {exc}") from None
+        return {str(k): str(v) for k, v in rows}
+
+    def set_state(self, name: str, lease_id: str, key: str, value: str) -> bool:
+        """Set one key while our lease is live."""
+        with self._transaction("write state") as conn:
+            row = self._live_row(conn, name, host_clock_us())
+            if row is None or row[0] != lease_id:
+                return False
+            conn.execute(
+                "INSERT INTO celery_leader_state (name, key, value) VALUES (?, ?, ?)"
+                " ON CONFLICT(name, key) DO UPDATE SET value = excluded.value",
+                (name, key, value),
+            )
+        return True
 
     def watch(self, name: str, callback: Callable[[], None]) -> Watch:
         """Poll for a free lease in a daemon thread."""

@@ -133,3 +133,16 @@ def test_fresh_store_reports_hold_off(make_store):
     assert result.acquired and 2.5 < result.hold_off <= 3
     make_store().release("job", "id-a")
     assert make_store().acquire("job", holder("b"), ttl=3).hold_off == 0
+
+
+def test_state_is_written_only_by_the_holder(make_store):
+    """set_state succeeds for the lease holder only; anyone can read it."""
+    store = make_store()
+    assert not store.set_state("job", "id-a", "k", "v0"), "no lease, no write"
+    store.acquire("job", holder("a"), ttl=5)
+    assert store.set_state("job", "id-a", "k", "v1")
+    assert not store.set_state("job", "id-b", "k", "v2")
+    assert make_store().get_state("job") == {"k": "v1"}
+    store.release("job", "id-a")
+    assert not store.set_state("job", "id-a", "k", "v3")
+    assert store.get_state("job") == {"k": "v1"}
