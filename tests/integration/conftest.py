@@ -95,6 +95,22 @@ class Worker:
                 self.proc.wait(10)
 
 
+class Beat(Worker):
+    """One ``celery beat`` process of tests.integration.leaderapp."""
+
+    def __init__(self, env: dict[str, str], name: str, logdir: Path, extra: list[str]) -> None:
+        self.nodename = name
+        self.log = logdir / f"{name}.log"
+        args = [sys.executable, "-m", "celery", "-A", "tests.integration.leaderapp", "beat",
+                "-s", str(logdir / f"{name}-schedule"), "-l", "info", *extra]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=log,
+                                         start_new_session=True)
+
+    def sends_now(self) -> bool:
+        return "this beat sends now" in self.text()
+
+
 class Cluster:
     """Servers, environment and workers for one test."""
 
@@ -115,6 +131,7 @@ class Cluster:
             "PYTHONPATH": str(ROOT),
         }
         self.workers: list[Worker] = []
+        self.beats: list[Beat] = []
         self.history_client = redis.Redis(
             host="127.0.0.1", port=self.data.port, db=2, decode_responses=True
         )
@@ -143,6 +160,16 @@ class Cluster:
             for worker in started:
                 worker.wait_ready()
         return started
+
+    def start_beat(self, extra: list[str] | None = None) -> Beat:
+        """Start a ``celery beat`` process with its own schedule file."""
+        index = len(self.beats) + 1
+        beat = Beat(self.env, f"beat{index}", self.tmp, extra or [])
+        self.beats.append(beat)
+        return beat
+
+    def beat_sends(self) -> list[dict]:
+        return sorted((r for r in self.history() if r["kind"] == "beat"), key=lambda r: r["at"])
 
     def leader_status(self) -> tuple[int, dict | None]:
         proc = subprocess.run(
@@ -198,12 +225,12 @@ class Cluster:
         return self.history()
 
     def close(self) -> None:
-        for worker in self.workers:  # all at once: each takes a moment to stop
+        for worker in [*self.workers, *self.beats]:  # all at once: each takes a moment to stop
             if worker.proc.poll() is None:
                 worker.signal(signal.SIGCONT)
                 worker.proc.send_signal(signal.SIGTERM)
-        for worker in self.workers:
-            worker.stop()
+        for process in [*self.workers, *self.beats]:
+            process.stop()
         self.client.close()
         self.data.stop()
         self.store.stop()

@@ -176,3 +176,26 @@ def long_terminate(self, seconds):
     record("start", self, pid=os.getpid())
     time.sleep(seconds)
     record("end", self)
+
+
+@app.task(bind=True)
+def beat_tick(self, entry="tick"):
+    """Sent by beat: records which beat term sent it."""
+    row = {"kind": "beat", "entry": entry, "token": self.request.get("leader_beat_token"),
+           "at": time.monotonic(), "wall": time.time(), "worker": self.request.hostname}
+    history().rpush("history", json.dumps(row))
+
+
+if os.environ.get("LEADER_BEAT_EVERY"):
+    app.conf.beat_scheduler = "celery_leader.beat:LeaderScheduler"
+    app.conf.leader_beat_scheduler = os.environ.get(
+        "LEADER_BEAT_WRAPPED", "celery.beat:PersistentScheduler")
+    app.conf.beat_schedule = {
+        "tick": {"task": "tests.integration.leaderapp.beat_tick",
+                 "schedule": float(os.environ["LEADER_BEAT_EVERY"]), "args": ("tick",)},
+    }
+    if os.environ.get("LEADER_BEAT_MISSED"):
+        app.conf.leader_beat_missed_default = os.environ["LEADER_BEAT_MISSED"]
+    if os.environ.get("LEADER_BEAT_REDIS"):
+        app.conf.redbeat_redis_url = os.environ["LEADER_BEAT_REDIS"]
+        app.conf.redbeat_key_prefix = f"redbeat-{app.conf.leader_name}:"

@@ -1,0 +1,337 @@
+"""Beat in single-active-scheduler mode: ``celery_leader.beat:LeaderScheduler``.
+
+Run ``celery beat`` on as many hosts as you like (or ``worker -B`` on every
+worker): only the instance holding beat's lease sends. Beat's election is its
+own, ``"<leader_name>.beat"``, so beat can run where no worker runs, and a
+worker leader and the beat leader may be different processes.
+
+``LeaderScheduler`` wraps the scheduler class named by ``leader_beat_scheduler``
+(``celery.beat:PersistentScheduler`` by default; RedBeat and
+django-celery-beat's ``DatabaseScheduler`` work too): it builds a subclass of
+that class with the leader logic mixed in front, so everything else about the
+wrapped scheduler (its entries, its storage) stays as it was.
+
+Standbys, and what keeps them in step (``leader_beat_standby``):
+
+* ``"reserve"`` (schedulers with local state, such as PersistentScheduler):
+  standbys tick as usual and advance each due entry without sending, so a new
+  leader neither bursts nor starts from a stale schedule.
+* ``"idle"`` (schedulers with shared state: RedBeat, DatabaseScheduler):
+  standbys do not tick at all; the leader advances the shared state. RedBeat's
+  own lock is switched off: the lease replaces it.
+* ``"auto"`` (default): ``"idle"`` for ``redbeat`` and ``django_celery_beat``
+  schedulers, ``"reserve"`` otherwise.
+
+Around a failover (``"reserve"`` mode) the time of each entry's last send is
+shared through the lease store, written only by the lease holder right before
+it sends. A new leader does not send an entry whose last send (by anyone)
+already covers the current slot, and on taking over sends once an entry whose
+slot was missed during the leaderless gap, unless ``leader_beat_missed`` says
+``"skip"`` for it (a dict of entry name to ``"once"`` or ``"skip"``, with
+``leader_beat_missed_default``, ``"once"`` by default).
+
+Every message beat sends carries the beat term's fencing token in the header
+``leader_beat_token``; the leader re-checks its lease right before each send.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from celery.exceptions import ImproperlyConfigured
+from celery.utils.imports import load_extension_class_names, symbol_by_name
+
+from celery_leader.exceptions import ConfigurationError, StoreError
+from celery_leader.lease import LeaseManager
+from celery_leader.settings import LeaderSettings, settings_for_app
+from celery_leader.stores import open_store
+from celery_leader.stores.base import Holder
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_WRAPPED = "celery.beat:PersistentScheduler"
+TOKEN_HEADER = "leader_beat_token"  # noqa: S105 - a header name, not a secret
+MISSED_POLICIES = ("once", "skip")
+STANDBY_MODES = ("auto", "reserve", "idle")
+#: Schedulers whose state is shared between instances (standbys must not tick).
+SHARED_STATE_MODULES = ("redbeat", "django_celery_beat")
+#: The longest a standby or leader sleeps between ticks, so a takeover is prompt.
+MAX_TICK = 0.5
+#: A send counts as covering the current slot when less than this fraction of
+#: the period was left after it (ticks jitter by milliseconds).
+SLOT_TOLERANCE = 0.1
+
+
+class BeatElection:
+    """Beat's lease: a LeaseManager plus the shared last-send marks."""
+
+    def __init__(self, app: Any, settings: LeaderSettings) -> None:
+        self.settings = settings
+        self.store = open_store(
+            settings.backend_url,
+            timeout=settings.timing.op_timeout,
+            options=settings.store_options,
+        )
+        self.holder = Holder.for_this_process(f"beat-{Holder.for_this_process().nodename}")
+        self.manager = LeaseManager(self.store, settings.name, settings.timing, holder=self.holder)
+        self.marks: dict[str, dict[str, Any]] = {}
+        self.seen_token: int | None = None
+        self._started = False
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start competing (once)."""
+        with self._lock:
+            if not self._started:
+                self._started = True
+                self.manager.start()
+
+    def stop(self) -> None:
+        """Stop leading, release, and close the store."""
+        with self._lock:
+            if self._started:
+                self.manager.stop(release=True)
+                self._started = False
+        self.store.close()
+
+    def token(self) -> int | None:
+        """The beat term's token while leading with validity left, else None."""
+        return self.manager.current_token()
+
+    def refresh_marks(self) -> None:
+        """Load every entry's last send from the store."""
+        try:
+            raw = self.store.get_state(self.settings.name)
+        except StoreError as exc:
+            logger.warning("celery-leader beat: could not read last sends: %s", exc)
+            return
+        marks = {}
+        for key, value in raw.items():
+            try:
+                marks[key] = json.loads(value)
+            except ValueError:
+                continue
+        self.marks = marks
+
+    def mark_sent(self, entry_name: str, token: int) -> bool:
+        """Record a send of *entry_name* now; False when the lease no longer allows it."""
+        mark = {"at": time.time(), "token": token}
+        try:
+            ok = self.store.set_state(
+                self.settings.name, self.holder.lease_id, entry_name, json.dumps(mark)
+            )
+        except StoreError as exc:
+            logger.warning("celery-leader beat: not sending %s: %s", entry_name, exc)
+            return False
+        if ok:
+            self.marks[entry_name] = mark
+        return ok
+
+
+def _slot_already_sent(entry: Any, mark: dict[str, Any] | None) -> bool:
+    """True when the last send (*mark*) already covers the slot *entry* is due for now."""
+    if not mark:
+        return False
+    last = datetime.fromtimestamp(float(mark["at"]), tz=timezone.utc)
+    remaining = entry.schedule.remaining_estimate(last).total_seconds()
+    elapsed = max(0.0, time.time() - float(mark["at"]))
+    return bool(remaining > SLOT_TOLERANCE * (remaining + elapsed))
+
+
+def _slot_missed(entry: Any, mark: dict[str, Any] | None) -> bool:
+    """True when at least one slot passed since the last send."""
+    if not mark:
+        return False
+    last = datetime.fromtimestamp(float(mark["at"]), tz=timezone.utc)
+    return bool(entry.schedule.remaining_estimate(last).total_seconds() <= 0)
+
+
+class LeaderSchedulerMixin:
+    """The leader logic, mixed in front of the wrapped scheduler class."""
+
+    _leader_election: BeatElection | None = None
+    _leader_mode = "reserve"
+
+    def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            settings = settings_for_app(app, name_suffix=".beat")
+        except ConfigurationError as exc:
+            raise ImproperlyConfigured(f"celery-leader: {exc}") from None
+        self._leader_settings = settings
+        self._leader_mode = _standby_mode(app, type(self).__mro__[2])
+        super().__init__(app, *args, **kwargs)  # type: ignore[call-arg]
+        if getattr(self, "lock_key", None):
+            logger.info("celery-leader beat: RedBeat's lock is off; the beat lease replaces it")
+            self.lock_key = None
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def _election(self) -> BeatElection:
+        if self._leader_election is None:
+            self._leader_election = BeatElection(self.app, self._leader_settings)  # type: ignore[attr-defined]
+        return self._leader_election
+
+    def setup_schedule(self) -> None:
+        """Set up the wrapped schedule, then start competing for beat's lease."""
+        super().setup_schedule()  # type: ignore[misc]
+        _exit_cleanly_on_sigterm()
+        self._election().start()
+        logger.info(
+            "celery-leader beat: election %r on %s (standby mode %s)",
+            self._leader_settings.name,
+            self._leader_settings.masked_backend_url,
+            self._leader_mode,
+        )
+
+    def close(self) -> None:
+        """Stop sending, release beat's lease, then close the wrapped scheduler."""
+        if self._leader_election is not None:
+            self._leader_election.stop()
+        super().close()  # type: ignore[misc]
+
+    # -- ticking --------------------------------------------------------------
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """One pass of the wrapped scheduler, as leader or standby."""
+        election = self._election()
+        election.start()
+        token = election.token()
+        if token is not None and token != election.seen_token:
+            election.seen_token = token
+            self._on_elected(token)
+        if token is None and self._leader_mode == "idle":
+            return MAX_TICK
+        interval = super().tick(*args, **kwargs)  # type: ignore[misc]
+        return float(min(interval, MAX_TICK)) if interval else float(interval or 0)
+
+    def _on_elected(self, token: int) -> None:
+        logger.info("celery-leader beat: this beat sends now (token %d)", token)
+        election = self._election()
+        election.refresh_marks()
+        if self._leader_mode != "reserve":
+            return  # shared-state schedulers catch up by themselves
+        conf = self.app.conf  # type: ignore[attr-defined]
+        policies = conf.get("leader_beat_missed") or {}
+        default = conf.get("leader_beat_missed_default") or "once"
+        for entry in list(self.schedule.values()):  # type: ignore[attr-defined]
+            policy = policies.get(entry.name, default)
+            if policy == "once" and _slot_missed(entry, election.marks.get(entry.name)):
+                logger.info("celery-leader beat: %s missed a slot; sending it once", entry.name)
+                self.apply_entry(entry, producer=self.producer)  # type: ignore[attr-defined]
+
+    def apply_entry(self, entry: Any, producer: Any = None) -> None:
+        """Send when leading; a standby only keeps its schedule in step (already done)."""
+        if self._election().token() is None:
+            logger.debug("celery-leader beat: standby, not sending %s", entry.name)
+            return
+        super().apply_entry(entry, producer=producer)  # type: ignore[misc]
+
+    def apply_async(
+        self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
+    ) -> Any:
+        """Send *entry* if this beat leads now and no one sent this slot yet."""
+        election = self._election()
+        token = election.token()
+        if token is None:
+            return self.reserve(entry) if advance and self._leader_mode == "reserve" else None  # type: ignore[attr-defined]
+        if self._leader_mode == "reserve" and _slot_already_sent(
+            entry, election.marks.get(entry.name)
+        ):
+            logger.info("celery-leader beat: %s was already sent for this slot", entry.name)
+            return None
+        if not election.mark_sent(entry.name, token) or election.token() != token:
+            return None
+        if advance:
+            entry = self.reserve(entry)  # type: ignore[attr-defined]
+        sending = _shallow_copy(entry)
+        options = dict(entry.options)
+        options["headers"] = {**(options.get("headers") or {}), TOKEN_HEADER: token}
+        sending.options = options
+        return super().apply_async(sending, producer=producer, advance=False, **kwargs)  # type: ignore[misc]
+
+
+def _shallow_copy(entry: Any) -> Any:
+    """A copy of *entry* to send with extra headers, leaving the schedule's entry alone.
+
+    Not ``copy.copy``: ScheduleEntry's ``__reduce__`` passes positional
+    arguments that subclasses (RedBeat's) do not accept.
+    """
+    clone = object.__new__(type(entry))
+    clone.__dict__.update(entry.__dict__)
+    return clone
+
+
+def _standby_mode(app: Any, wrapped: type) -> str:
+    mode = app.conf.get("leader_beat_standby") or "auto"
+    if mode not in STANDBY_MODES:
+        raise ImproperlyConfigured(
+            f"celery-leader: leader_beat_standby={mode!r} is not allowed: use one of "
+            f"{', '.join(STANDBY_MODES)}"
+        )
+    if mode != "auto":
+        return str(mode)
+    return "idle" if wrapped.__module__.startswith(SHARED_STATE_MODULES) else "reserve"
+
+
+def _exit_cleanly_on_sigterm() -> None:
+    """In an embedded beat (``worker -B``), make SIGTERM run beat's cleanup.
+
+    The worker stops its beat process with SIGTERM, whose default action ends
+    it at once: no release, so a standby would wait a whole ttl. Standalone
+    ``celery beat`` installs its own handler, which is left alone.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+
+        def _exit(signum: int, frame: Any) -> None:
+            raise SystemExit(0)
+
+        signal.signal(signal.SIGTERM, _exit)
+
+
+_classes: dict[type, type] = {}
+
+
+def leader_scheduler_class(wrapped: type) -> type:
+    """The class that runs *wrapped* under beat's lease (made once per wrapped class)."""
+    if wrapped not in _classes:
+        _classes[wrapped] = type(
+            f"Leader{wrapped.__name__}",
+            (LeaderSchedulerMixin, wrapped),
+            {"__module__": __name__},
+        )
+    return _classes[wrapped]
+
+
+class LeaderScheduler:
+    """``beat_scheduler = "celery_leader.beat:LeaderScheduler"``: the wrapped scheduler, led.
+
+    Calling it builds the wrapped scheduler (``leader_beat_scheduler``) with
+    the leader logic mixed in; see the module docstring.
+    """
+
+    def __new__(cls, app: Any, *args: Any, **kwargs: Any) -> Any:
+        """Build the wrapped scheduler class, led, for *app*."""
+        name = app.conf.get("leader_beat_scheduler") or DEFAULT_WRAPPED
+        aliases = dict(load_extension_class_names("celery.beat_schedulers"))
+        try:
+            wrapped = symbol_by_name(name, aliases=aliases)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ImproperlyConfigured(
+                f"celery-leader: leader_beat_scheduler={name!r} cannot be loaded: {exc}"
+            ) from None
+        if wrapped is cls or (
+            isinstance(wrapped, type) and issubclass(wrapped, LeaderSchedulerMixin)
+        ):
+            raise ImproperlyConfigured(
+                "celery-leader: leader_beat_scheduler names LeaderScheduler itself; name the "
+                "scheduler to wrap, e.g. celery.beat:PersistentScheduler"
+            )
+        return leader_scheduler_class(wrapped)(app, *args, **kwargs)
