@@ -76,12 +76,14 @@ def crash_rounds(tmp: Path, ttl: float, rounds: int) -> list[dict[str, float]]:
                 time.sleep(0.01)
             if first is None:
                 raise RuntimeError("no failover")
-            results.append({
-                "failover": first - killed_at,
-                "expiry": first - expires_at,
-                "notice": elected - expires_at,
-                "pickup": first - elected,
-            })
+            results.append(
+                {
+                    "failover": first - killed_at,
+                    "expiry": first - expires_at,
+                    "notice": elected - expires_at,
+                    "pickup": first - elected,
+                }
+            )
             leader.proc.wait(10)
             cluster.start(1)
     finally:
@@ -120,8 +122,10 @@ def handover_rounds(tmp: Path, ttl: float, rounds: int) -> list[float]:
     return results
 
 
-_LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): WARNING/MainProcess\] "
-                       r"celery-leader: .* lost the lead")
+_LOG_TIME = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): WARNING/MainProcess\] "
+    r"celery-leader: .* lost the lead"
+)
 
 
 def revocation_rounds(tmp: Path, ttl: float, rounds: int) -> list[float]:
@@ -204,30 +208,49 @@ def main() -> None:
     ttl, renew = args.ttl, args.ttl / 3
 
     def row(label: str, values: list[float], goal: str, ok: bool) -> None:
-        print(f"| {label:<52} | {statistics.median(values):7.3f} | {max(values):7.3f} | "
-              f"{goal:<26} | {'met' if ok else 'MISSED':<6} |")
+        print(
+            f"| {label:<52} | {statistics.median(values):7.3f} | {max(values):7.3f} | "
+            f"{goal:<26} | {'met' if ok else 'MISSED':<6} |"
+        )
 
-    print(f"\nworkers end to end: Redis broker and store, ttl {ttl:g} s, "
-          f"{args.rounds} rounds\n")
+    print(f"\nworkers end to end: Redis broker and store, ttl {ttl:g} s, {args.rounds} rounds\n")
     print(f"| {'measure (seconds)':<52} | {'median':>7} | {'worst':>7} | {'goal':<26} | {'':<6} |")
     print(f"|{'-' * 54}|{'-' * 9}|{'-' * 9}|{'-' * 28}|{'-' * 8}|")
     failover = [r["failover"] for r in crash]
     expiry = [r["expiry"] for r in crash]
-    row("crash failover: SIGKILL -> first leader task", failover,
-        f"worst <= ttl + 1 = {ttl + 1:g}", max(failover) <= ttl + 1)
-    row("  of which: lease expiry -> first leader task", expiry, "median <= 0.3",
-        statistics.median(expiry) <= 0.3)
+    row(
+        "crash failover: SIGKILL -> first leader task",
+        failover,
+        f"worst <= ttl + 1 = {ttl + 1:g}",
+        max(failover) <= ttl + 1,
+    )
+    row(
+        "  of which: lease expiry -> first leader task",
+        expiry,
+        "median <= 0.3",
+        statistics.median(expiry) <= 0.3,
+    )
     row("    standby elected after expiry", [r["notice"] for r in crash], "", True)
     row("    first task after election (queue pickup)", [r["pickup"] for r in crash], "", True)
-    row("graceful handover: released -> first leader task", handover, "median <= 0.1",
-        statistics.median(handover) <= 0.1)
-    row("revocation: loss declared -> terminate run gone", revocation,
-        f"<= renew + 1 = {renew + 1:.2f}", max(revocation) <= renew + 1)
+    row(
+        "graceful handover: released -> first leader task",
+        handover,
+        "median <= 0.1",
+        statistics.median(handover) <= 0.1,
+    )
+    row(
+        "revocation: loss declared -> terminate run gone",
+        revocation,
+        f"<= renew + 1 = {renew + 1:.2f}",
+        max(revocation) <= renew + 1,
+    )
     ratio = leader_rate / plain_rate
-    print(f"\nthroughput on one prefork worker (-c 2, both acks_late), {args.tasks} no-op tasks, "
-          "best of 2: "
-          f"leader-only {leader_rate:.0f}/s, plain {plain_rate:.0f}/s, ratio {ratio:.3f} "
-          f"(goal >= 0.95: {'met' if ratio >= 0.95 else 'MISSED'})")
+    print(
+        f"\nthroughput on one prefork worker (-c 2, both acks_late), {args.tasks} no-op tasks, "
+        "best of 2: "
+        f"leader-only {leader_rate:.0f}/s, plain {plain_rate:.0f}/s, ratio {ratio:.3f} "
+        f"(goal >= 0.95: {'met' if ratio >= 0.95 else 'MISSED'})"
+    )
 
 
 if __name__ == "__main__":

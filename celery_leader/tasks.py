@@ -22,13 +22,16 @@ A leader-only task:
 from __future__ import annotations
 
 import fnmatch
+import inspect
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
-from celery import Task
+from celery import Task, current_app
+from celery._state import connect_on_app_finalize
 from celery.exceptions import Ignore, Reject
 from celery.local import Proxy
 
@@ -114,45 +117,82 @@ class LeaderTask(LeaderTaskMixin, Task):  # type: ignore[misc]
 
 @dataclass
 class _Spec:
-    """A task marked leader-only, possibly still a lazy proxy."""
+    """A task marked leader-only, possibly still a lazy proxy.
+
+    What can be known without evaluating the proxy is read at decoration:
+    the app (``@app.task`` proxies), the task's function and name, and the
+    options given to ``@app.task`` (for ``acks_late``).
+    """
 
     target: Any
     on_loss: str | None
     acks_late: bool | None
+    app: Any = None
+    name: str | None = None
+    fun: Any = None
     resolved: dict[int, Any] = field(default_factory=dict)
+
+    def name_in(self, app: Any) -> str | None:
+        """The task's name in *app*, without creating the task."""
+        if self.name:
+            return self.name
+        if self.fun is not None:
+            return str(app.gen_task_name(self.fun.__name__, self.fun.__module__))
+        return None
 
 
 _specs: list[_Spec] = []
-_names: dict[int, set[str]] = {}
+_names: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 _lock = threading.RLock()
 
 
 def _note_leader_task(app: Any, name: str | None) -> None:
     if name:
         with _lock:
-            _names.setdefault(id(app), set()).add(name)
+            _names.setdefault(app, set()).add(name)
         ensure_router(app)
 
 
-def _explicit_acks_late(target: Any) -> bool | None:
-    """acks_late as given in ``@app.task(...)`` of a pending proxy, without evaluating it."""
+def _proxy_parts(target: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """The factory, args and kwargs a Celery proxy was built with (it is not evaluated)."""
+    get = object.__getattribute__
     try:
-        kwargs = object.__getattribute__(target, "_Proxy__kwargs")
+        local = get(target, "_Proxy__local")
     except AttributeError:
-        return None
-    value = (kwargs or {}).get("acks_late")
-    return None if value is None else bool(value)
+        local = None
+    try:
+        args = tuple(get(target, "_Proxy__args") or ())
+        kwargs = dict(get(target, "_Proxy__kwargs") or {})
+    except AttributeError:
+        args, kwargs = (), {}
+    return local, args, kwargs
+
+
+def _describe(spec: _Spec) -> None:
+    """Fill in app, function, name and explicit acks_late of a proxy, without evaluating it."""
+    local, args, kwargs = _proxy_parts(spec.target)
+    owner = getattr(local, "__self__", None)
+    if owner is not None and hasattr(owner, "_task_from_fun"):  # @app.task's PromiseProxy
+        spec.app = owner
+        spec.fun = args[0] if args else None
+        spec.name = kwargs.get("name")
+        if spec.acks_late is None and kwargs.get("acks_late") is not None:
+            spec.acks_late = bool(kwargs["acks_late"])
+    elif callable(local):  # @shared_task's Proxy: name and function live in its closure
+        closure = inspect.getclosurevars(local).nonlocals
+        spec.fun = closure.get("fun")
+        spec.name = closure.get("name")
 
 
 def _leaderize(task: Any, spec: _Spec) -> Any:
     """Turn a created task instance into a leader-only one (idempotent)."""
     if not getattr(task, "leader_only", False):
         cls = type(task)
+        explicit = cls.__dict__.get("acks_late")
         task.__class__ = type(cls.__name__, (LeaderTaskMixin, cls), {"__module__": cls.__module__})
-    acks_late = spec.acks_late
-    if acks_late is None:
-        acks_late = _explicit_acks_late(spec.target)
-    task.acks_late = True if acks_late is None else acks_late
+        if spec.acks_late is None and explicit is False and task.app.conf.task_acks_late:
+            spec.acks_late = False  # said explicitly: differs from the app's default
+    task.acks_late = True if spec.acks_late is None else spec.acks_late
     if spec.on_loss is not None:
         task.leader_on_loss = spec.on_loss
     task._exec_options = None  # Celery caches routing options per task
@@ -160,27 +200,77 @@ def _leaderize(task: Any, spec: _Spec) -> Any:
     return task
 
 
-def _resolve(spec: _Spec) -> Any:
-    # shared_task gives a plain Proxy (the current app's task), @app.task a
-    # PromiseProxy (created on first use): both resolve to the task instance.
-    task = spec.target._get_current_object() if _is_proxy(spec.target) else spec.target
+def _task_for(spec: _Spec, app: Any) -> Any:
+    if spec.app is not None:
+        return spec.target._get_current_object() if _is_proxy(spec.target) else spec.target
+    if not _is_proxy(spec.target):
+        return spec.target
+    name = spec.name_in(app)
+    if name is None:
+        return spec.target._get_current_object()
+    # A shared task exists only in apps finalized after it was defined.
+    return app.tasks.get(name)
+
+
+def _resolve(spec: _Spec, app: Any = None) -> Any:
+    if app is None:
+        app = spec.app if spec.app is not None else current_app._get_current_object()
+    task = _task_for(spec, app)
+    if task is None:
+        return None
     key = id(task)
     if key not in spec.resolved:
         spec.resolved[key] = _leaderize(task, spec)
     return task
 
 
-def resolve_leader_tasks() -> list[Any]:
-    """Create (where still lazy) and mark every ``@leader_only`` task; return them."""
+def resolve_leader_tasks(app: Any = None) -> list[Any]:
+    """Create (where still lazy) and mark the ``@leader_only`` tasks of *app*.
+
+    Without *app*: of the current app. Tasks of other apps are left alone.
+    A task that cannot be made leader-only is logged and skipped.
+    """
+    app = app if app is not None else current_app._get_current_object()
     with _lock:
-        specs = list(_specs)
-    return [_resolve(spec) for spec in specs]
+        specs = [s for s in _specs if s.app is None or s.app is app]
+    tasks = []
+    for spec in specs:
+        try:
+            task = _resolve(spec, app)
+        except Exception:
+            logger.exception("celery-leader: could not make %s leader-only", _label(spec))
+            continue
+        if task is not None:
+            tasks.append(task)
+    return tasks
+
+
+def _label(spec: _Spec) -> str:
+    """A name for *spec* in messages; repr() of a lazy proxy would evaluate it."""
+    if spec.name:
+        return spec.name
+    fun = spec.fun
+    return f"{fun.__module__}.{fun.__qualname__}" if fun is not None else "a task"
 
 
 def leader_task_names(app: Any) -> set[str]:
-    """Names of the leader-only tasks known for *app* (plus ``leader_tasks`` patterns)."""
+    """Names of the leader-only tasks known for *app*, and of its pending ones."""
     with _lock:
-        return set(_names.get(id(app), set()))
+        names = set(_names.get(app, set()))
+        for spec in _specs:
+            if spec.app is None or spec.app is app:
+                name = spec.name_in(app)
+                if name:
+                    names.add(name)
+    return names
+
+
+def _on_finalize(app: Any) -> None:
+    """After *app* created its tasks, mark its leader-only ones (the worker sees them so)."""
+    ensure_router(app)
+    app.on_after_finalize.connect(lambda sender, **_: resolve_leader_tasks(sender), weak=False)
+    if app.finalized:
+        resolve_leader_tasks(app)
 
 
 class _LazyTask:
@@ -190,7 +280,11 @@ class _LazyTask:
         object.__setattr__(self, "_spec", spec)
 
     def _task(self) -> Any:
-        return _resolve(object.__getattribute__(self, "_spec"))
+        spec = object.__getattribute__(self, "_spec")
+        task = _resolve(spec)
+        if task is None:
+            raise ConfigurationError(f"{_label(spec)} is not registered in the current app")
+        return task
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._task(), name)
@@ -203,7 +297,7 @@ class _LazyTask:
 
     def __repr__(self) -> str:
         spec = object.__getattribute__(self, "_spec")
-        return f"<@leader_only {spec.target!r}>"
+        return f"<@leader_only {_label(spec)}>"
 
     def __reduce__(self) -> Any:
         return self._task().__reduce__()
@@ -232,24 +326,43 @@ def leader_only(
     _check_on_loss(on_loss)
 
     def wrap(target: Any) -> Any:
-        if isinstance(target, _LazyTask):
+        # type(), never isinstance() or hasattr(): on a lazy proxy those evaluate
+        # it, which creates the task (and may finalize the app) at import time.
+        if type(target) is _LazyTask:
             raise ConfigurationError("@leader_only is applied twice to the same task")
-        if isinstance(target, type) or not (
-            hasattr(target, "__wrapped__") or hasattr(target, "apply_async") or _is_proxy(target)
-        ):
+        is_proxy = _is_proxy(target)
+        if not is_proxy and not isinstance(target, Task):
             raise ConfigurationError(
-                "@leader_only must be the outermost decorator, over @app.task or @shared_task"
+                "@leader_only must be the outermost decorator, over @app.task or "
+                f"@shared_task; it was given {target!r}"
             )
         spec = _Spec(target, on_loss, acks_late)
+        if is_proxy:
+            _describe(spec)
+        else:
+            spec.app, spec.name = target.app, target.name
         with _lock:
             _specs.append(spec)
-        if not _is_proxy(target):
+        if not is_proxy:
             _resolve(spec)
+        elif spec.app is not None:
+            _on_finalize_when_ready(spec.app)
+        else:
+            connect_on_app_finalize(_on_finalize)
         return _LazyTask(spec)
 
     if task is not None:
         return wrap(task)
     return wrap
+
+
+def _on_finalize_when_ready(app: Any) -> None:
+    """Install the router now (or once configured) and mark tasks when *app* finalizes."""
+    with _lock:
+        if getattr(app, "_celery_leader_finalize_hook", False):
+            return
+        app._celery_leader_finalize_hook = True
+    _on_finalize(app)
 
 
 def _is_proxy(obj: Any) -> bool:
@@ -280,10 +393,7 @@ class LeaderRouter:
         if name in leader_task_names(self.app):
             return True
         patterns = self.app.conf.get("leader_tasks") or ()
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
-            return True
-        resolve_leader_tasks()
-        return name in leader_task_names(self.app)
+        return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
 def ensure_router(app: Any) -> None:
@@ -309,6 +419,11 @@ def _add_router(app: Any, router: LeaderRouter) -> None:
         existing = [routes]
     if router not in existing:
         app.conf.task_routes = [router, *existing]
-    table = app.amqp._rtable  # Celery's prepared routes, if already built
+    amqp = app.amqp
+    table = amqp._rtable  # Celery's prepared routes, if already built (a list or a tuple)
     if table is not None and router not in table:
-        table.insert(0, router)
+        routes = [router, *table]
+        amqp._rtable = routes
+        built = amqp.__dict__.get("router")  # Celery's Router keeps its own reference
+        if built is not None:
+            built.routes = routes

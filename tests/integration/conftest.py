@@ -22,8 +22,13 @@ from tests.servers import RedisServer
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = "tests.integration.leaderapp"
 LEADER_TASKS = (
-    "leader_record", "slow_terminate", "slow_cancel", "slow_finish", "fenced_writer",
-    "noop_leader", "long_terminate",
+    "leader_record",
+    "slow_terminate",
+    "slow_cancel",
+    "slow_finish",
+    "fenced_writer",
+    "noop_leader",
+    "long_terminate",
 )
 RABBITMQ_URL = os.environ.get("LEADER_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 
@@ -101,11 +106,23 @@ class Beat(Worker):
     def __init__(self, env: dict[str, str], name: str, logdir: Path, extra: list[str]) -> None:
         self.nodename = name
         self.log = logdir / f"{name}.log"
-        args = [sys.executable, "-m", "celery", "-A", "tests.integration.leaderapp", "beat",
-                "-s", str(logdir / f"{name}-schedule"), "-l", "info", *extra]
+        args = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.integration.leaderapp",
+            "beat",
+            "-s",
+            str(logdir / f"{name}-schedule"),
+            "-l",
+            "info",
+            *extra,
+        ]
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=log,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                args, cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True
+            )
 
     def sends_now(self) -> bool:
         return "this beat sends now" in self.text()

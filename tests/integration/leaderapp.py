@@ -18,8 +18,7 @@ import redis
 from celery import Celery, shared_task
 from celery.worker.control import control_command
 
-from celery_leader import LeaderElection, check_leadership, leader_only, lease_lost
-from celery_leader import signals
+from celery_leader import LeaderElection, check_leadership, leader_only, lease_lost, signals
 from celery_leader.fencing import RedisFence
 
 app = Celery("leaderapp", broker=os.environ.get("LEADER_BROKER", "redis://127.0.0.1:6379/0"))
@@ -181,18 +180,28 @@ def long_terminate(self, seconds):
 @app.task(bind=True)
 def beat_tick(self, entry="tick"):
     """Sent by beat: records which beat term sent it."""
-    row = {"kind": "beat", "entry": entry, "token": self.request.get("leader_beat_token"),
-           "at": time.monotonic(), "wall": time.time(), "worker": self.request.hostname}
+    row = {
+        "kind": "beat",
+        "entry": entry,
+        "token": self.request.get("leader_beat_token"),
+        "at": time.monotonic(),
+        "wall": time.time(),
+        "worker": self.request.hostname,
+    }
     history().rpush("history", json.dumps(row))
 
 
 if os.environ.get("LEADER_BEAT_EVERY"):
     app.conf.beat_scheduler = "celery_leader.beat:LeaderScheduler"
     app.conf.leader_beat_scheduler = os.environ.get(
-        "LEADER_BEAT_WRAPPED", "celery.beat:PersistentScheduler")
+        "LEADER_BEAT_WRAPPED", "celery.beat:PersistentScheduler"
+    )
     app.conf.beat_schedule = {
-        "tick": {"task": "tests.integration.leaderapp.beat_tick",
-                 "schedule": float(os.environ["LEADER_BEAT_EVERY"]), "args": ("tick",)},
+        "tick": {
+            "task": "tests.integration.leaderapp.beat_tick",
+            "schedule": float(os.environ["LEADER_BEAT_EVERY"]),
+            "args": ("tick",),
+        },
     }
     if os.environ.get("LEADER_BEAT_MISSED"):
         app.conf.leader_beat_missed_default = os.environ["LEADER_BEAT_MISSED"]

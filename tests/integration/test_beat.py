@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import signal
 import time
 
@@ -9,7 +10,7 @@ import pytest
 
 
 def gaps(sends):
-    return [b["at"] - a["at"] for a, b in zip(sends, sends[1:])]
+    return [b["at"] - a["at"] for a, b in itertools.pairwise(sends)]
 
 
 def wait_sending(cluster, beats, timeout=10.0, exclude=None):  # type: ignore[no-untyped-def]
@@ -117,11 +118,13 @@ def test_embedded_beat_on_three_workers_one_sends(cluster_for):
 def test_redbeat_is_really_used_and_led(cluster_for):
     """Wrapping RedBeat: its schedule lives in Redis, its lock is off, one beat sends."""
     cluster = cluster_for("redis")
-    cluster.env.update({
-        "LEADER_BEAT_EVERY": "1",
-        "LEADER_BEAT_WRAPPED": "redbeat.RedBeatScheduler",
-        "LEADER_BEAT_REDIS": f"redis://127.0.0.1:{cluster.data.port}/3",
-    })
+    cluster.env.update(
+        {
+            "LEADER_BEAT_EVERY": "1",
+            "LEADER_BEAT_WRAPPED": "redbeat.RedBeatScheduler",
+            "LEADER_BEAT_REDIS": f"redis://127.0.0.1:{cluster.data.port}/3",
+        }
+    )
     cluster.start(1)
     beats = [cluster.start_beat() for _ in range(2)]
     old = wait_sending(cluster, beats)

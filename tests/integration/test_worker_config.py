@@ -67,7 +67,7 @@ def leader_errors(worker):
 
 @pytest.mark.slow
 def test_store_down_worker_serves_and_leads_once_store_is_back(cluster_for, tmp_path):
-    """Store unreachable: ordinary tasks run, one masked error, and it leads when the store is up."""
+    """Store unreachable: ordinary tasks run, one masked error; it leads once the store is up."""
     cluster = cluster_for("redis")
     port = free_port()
     cluster.env["LEADER_STORE"] = f"redis://:storepass1@127.0.0.1:{port}/0"
