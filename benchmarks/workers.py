@@ -137,7 +137,7 @@ def revocation_rounds(tmp: Path, ttl: float, rounds: int) -> list[float]:
             (worker,) = cluster.start(1)
             cluster.leader_worker(timeout=ttl * 3 + 10)
             cluster.send("long_terminate", 60)
-            rows = cluster.wait_history(lambda r: runs(r), 10)
+            rows = cluster.wait_history(runs, 10)
             pid = runs(rows)[0]["pid"]
             cluster.store.pause()
             try:
