@@ -22,6 +22,7 @@ from celery_leader.settings import LeaderSettings, settings_for_app
 from celery_leader.stores import open_store
 from celery_leader.stores.base import LeaseRecord, LeaseStore
 
+BEAT_SUFFIX = ".beat"
 EXIT_LEADER = 0
 EXIT_NO_LEADER = 1
 EXIT_STORE_ERROR = 2
@@ -35,7 +36,7 @@ def _fail(ctx: click.Context, message: str) -> None:
 def _open(ctx: click.Context, beat: bool) -> tuple[LeaderSettings, LeaseStore]:
     app = ctx.obj.app
     try:
-        settings = settings_for_app(app, name_suffix=".beat" if beat else "")
+        settings = settings_for_app(app, name_suffix=BEAT_SUFFIX if beat else "")
         store = open_store(
             settings.backend_url,
             timeout=max(settings.timing.op_timeout, 2.0),
@@ -55,40 +56,62 @@ def _read(ctx: click.Context, store: LeaseStore, name: str) -> LeaseRecord | Non
         raise
 
 
+def _holder(record: LeaseRecord | None) -> dict[str, Any] | None:
+    if record is None:
+        return None
+    return {
+        "nodename": record.nodename,
+        "hostname": record.hostname,
+        "pid": record.pid,
+        "token": record.token,
+        "acquired_at": record.acquired_at,
+        "expires_in": round(record.expires_in, 3),
+        "hold_off": round(record.hold_off, 3),
+    }
+
+
 def status_payload(
-    settings: LeaderSettings, store: LeaseStore, record: LeaseRecord | None
+    settings: LeaderSettings,
+    store: LeaseStore,
+    record: LeaseRecord | None,
+    beat: LeaseRecord | None = None,
 ) -> dict[str, Any]:
-    """The JSON object ``leader status --json`` prints."""
-    leader = None
-    if record is not None:
-        leader = {
-            "nodename": record.nodename,
-            "hostname": record.hostname,
-            "pid": record.pid,
-            "token": record.token,
-            "acquired_at": record.acquired_at,
-            "expires_in": round(record.expires_in, 3),
-            "hold_off": round(record.hold_off, 3),
-        }
-    return {"name": settings.name, "store": store.url, "leader": leader}
+    """The JSON object ``leader status --json`` prints.
+
+    ``leader`` is the holder of the election asked about; when that is the
+    workers' election, ``beat`` is the holder of beat's (or null).
+    """
+    payload = {"name": settings.name, "store": store.url, "leader": _holder(record)}
+    if not settings.name.endswith(BEAT_SUFFIX):
+        payload["beat"] = _holder(beat)
+    return payload
+
+
+def _describe_holder(title: str, holder: dict[str, Any]) -> list[str]:
+    acquired = datetime.fromtimestamp(holder["acquired_at"], tz=timezone.utc)
+    lines = [
+        f"{title:<11} {holder['nodename']} (host {holder['hostname']}, pid {holder['pid']})",
+        f"token:      {holder['token']}",
+        f"acquired:   {acquired:%Y-%m-%d %H:%M:%S} UTC "
+        f"({max(0.0, time.time() - holder['acquired_at']):.1f} s ago)",
+        f"expires in: {holder['expires_in']:.2f} s (renewed while the holder lives)",
+    ]
+    if holder["hold_off"] > 0:
+        lines.append(f"holding off {holder['hold_off']:.2f} s: the store lost its data")
+    return lines
 
 
 def _human(payload: dict[str, Any]) -> str:
     lines = [f"election:   {payload['name']}", f"store:      {payload['store']}"]
     leader = payload["leader"]
-    if leader is None:
-        lines.append("leader:     none")
-        return "\n".join(lines)
-    acquired = datetime.fromtimestamp(leader["acquired_at"], tz=timezone.utc)
-    lines += [
-        f"leader:     {leader['nodename']} (host {leader['hostname']}, pid {leader['pid']})",
-        f"token:      {leader['token']}",
-        f"acquired:   {acquired:%Y-%m-%d %H:%M:%S} UTC "
-        f"({max(0.0, time.time() - leader['acquired_at']):.1f} s ago)",
-        f"expires in: {leader['expires_in']:.2f} s (renewed while the leader lives)",
-    ]
-    if leader["hold_off"] > 0:
-        lines.append(f"holding off {leader['hold_off']:.2f} s: the store lost its data")
+    lines += ["leader:     none"] if leader is None else _describe_holder("leader:", leader)
+    if "beat" in payload:
+        beat = payload["beat"]
+        lines += (
+            ["beat:       none"]
+            if beat is None
+            else _describe_holder("beat:", beat)[:2]
+        )
     return "\n".join(lines)
 
 
@@ -106,9 +129,10 @@ def status(ctx: click.Context, as_json: bool, beat: bool) -> None:
     settings, store = _open(ctx, beat)
     try:
         record = _read(ctx, store, settings.name)
+        beat_record = None if beat else _read(ctx, store, settings.name + BEAT_SUFFIX)
     finally:
         store.close()
-    payload = status_payload(settings, store, record)
+    payload = status_payload(settings, store, record, beat_record)
     click.echo(json.dumps(payload) if as_json else _human(payload))
     ctx.exit(EXIT_LEADER if record is not None else EXIT_NO_LEADER)
 

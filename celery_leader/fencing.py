@@ -37,6 +37,14 @@ from celery_leader.exceptions import StaleTokenError
 KEY_PREFIX = "celery-leader:fence:"
 
 
+def _decimal(token: int) -> str:
+    """The token as the canonical decimal string the fence compares."""
+    value = int(token)
+    if value < 0:
+        raise ValueError(f"fencing tokens are positive, got {value}")
+    return str(value)
+
+
 class RedisFence:
     """Per-resource highest accepted token in Redis, checked and written atomically."""
 
@@ -44,9 +52,12 @@ class RedisFence:
     # ARGV[1] the writer's token; ARGV[2] the value for KEYS[2].
     # Returns 1 when the token is not older than the highest seen (which it
     # becomes, and the value is written), else 0 and nothing changes.
+    # Tokens compare as decimal strings (length, then text): exact at any size,
+    # where Lua's numbers are doubles and lose digits past 2^53.
     FENCE_LUA = """
-    local highest = tonumber(redis.call('GET', KEYS[1]) or '0')
-    if tonumber(ARGV[1]) < highest then return 0 end
+    local highest = redis.call('GET', KEYS[1]) or '0'
+    local token = ARGV[1]
+    if #token < #highest or (#token == #highest and token < highest) then return 0 end
     redis.call('SET', KEYS[1], ARGV[1])
     if KEYS[2] then redis.call('SET', KEYS[2], ARGV[2]) end
     return 1
@@ -62,12 +73,12 @@ class RedisFence:
 
     def admit(self, resource: str, token: int) -> bool:
         """Record *token* for *resource* unless a greater one was seen; True when admitted."""
-        return int(self._script(keys=[self._fence_key(resource)], args=[int(token)])) == 1
+        return int(self._script(keys=[self._fence_key(resource)], args=[_decimal(token)])) == 1
 
     def set(self, resource: str, key: str, value: Any, token: int) -> bool:
         """Write *value* to *key* only if *token* is not stale for *resource*."""
         keys = [self._fence_key(resource), key]
-        return int(self._script(keys=keys, args=[int(token), value])) == 1
+        return int(self._script(keys=keys, args=[_decimal(token), value])) == 1
 
     def require(self, resource: str, token: int) -> None:
         """Like :meth:`admit`, raising :class:`StaleTokenError` when the token is stale."""

@@ -121,3 +121,12 @@ def test_tokens_of_two_real_terms_fence_the_older(
     with pytest.raises(StaleTokenError):
         fence.require("report", first.token)
     assert fence.highest("report") == second.token
+
+
+def test_tokens_beyond_double_precision_compare_exactly(redis_server):
+    """Tokens past 2**53 still compare exactly (string comparison, not Lua doubles)."""
+    fence = RedisFence(redis_server.client())
+    big = 2**60
+    assert fence.admit("huge", big + 1)
+    assert not fence.admit("huge", big)
+    assert fence.highest("huge") == big + 1

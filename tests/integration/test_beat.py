@@ -44,6 +44,10 @@ def test_three_beats_send_each_slot_once(beat_cluster):
     assert min(gaps(sends)) > 0.8, gaps(sends)
     assert len({s["token"] for s in sends}) == 1 and sends[0]["token"] > 0
     assert sum(b.sends_now() for b in beats) == 1
+    code, status = cluster.leader_status()
+    assert code == 0, "a worker leads too"
+    assert status["beat"]["token"] == sends[0]["token"]
+    assert status["beat"]["nodename"].startswith("beat-")
 
 
 @pytest.mark.slow

@@ -1,0 +1,150 @@
+"""LeaderScheduler in-process: missed-slot policy, slot de-duplication, token header.
+
+A real Celery beat scheduler (PersistentScheduler, wrapped) on kombu's
+in-memory transport, with its lease in a real redis-server.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from celery import Celery
+
+from celery_leader.beat import TOKEN_HEADER, LeaderScheduler, LeaderSchedulerMixin
+from celery_leader.stores import open_store
+from celery_leader.stores.base import Holder
+
+
+def make_app(redis_url: str, **conf) -> Celery:
+    main = f"b{uuid.uuid4().hex[:10]}"
+    app = Celery(main, broker="memory://")
+    app.conf.update(
+        leader_backend_url=redis_url,
+        leader_lease_ttl=1.0,
+        task_default_queue=f"{main}.default",
+        beat_schedule={"tick": {"task": f"{main}.tick", "schedule": 1.0}},
+        **conf,
+    )
+    return app
+
+
+def seed_mark(redis_url: str, election: str, seconds_ago: float) -> None:
+    """Record, as an earlier leader would, that "tick" was sent *seconds_ago*."""
+    store = open_store(redis_url, timeout=1)
+    holder = Holder.for_this_process("earlier-beat")
+    assert store.acquire(election, holder, 1.0).acquired
+    mark = {"at": time.time() - seconds_ago, "token": 1}
+    assert store.set_state(election, holder.lease_id, "tick", json.dumps(mark))
+    assert store.release(election, holder.lease_id)
+    store.close()
+
+
+def sent(app: Celery) -> list[dict]:
+    queue_name = app.conf.task_default_queue
+    with app.connection_for_read() as conn:
+        queue = conn.SimpleQueue(queue_name)
+        messages = []
+        while True:
+            try:
+                message = queue.get(timeout=0.2)
+            except queue.Empty:
+                break
+            messages.append(message.headers)
+            message.ack()
+        queue.close()
+    return messages
+
+
+@pytest.fixture
+def scheduler(tmp_path, redis_server):
+    made = []
+
+    def make(policy: str = "once", seconds_ago: float | None = None, **conf):
+        app = make_app(redis_server.url, leader_beat_missed_default=policy, **conf)
+        election = f"{app.main}.beat"
+        if seconds_ago is not None:
+            seed_mark(redis_server.url, election, seconds_ago)
+        sched = LeaderScheduler(app=app, schedule_filename=str(tmp_path / app.main), lazy=False)
+        made.append(sched)
+        assert sched._election().manager.wait_for_leadership(5)
+        return app, sched
+
+    yield make
+    for sched in made:
+        sched.close()
+
+
+def test_wraps_the_configured_scheduler(scheduler):
+    """LeaderScheduler builds the wrapped class (PersistentScheduler by default), led."""
+    _, sched = scheduler()
+    assert isinstance(sched, LeaderSchedulerMixin)
+    assert type(sched).__mro__[2].__name__ == "PersistentScheduler"
+
+
+def test_missed_slot_is_sent_once_on_takeover(scheduler):
+    """Policy "once": a slot missed in the gap is sent once when this beat starts leading."""
+    app, sched = scheduler("once", seconds_ago=5)
+    sched.tick()
+    messages = sent(app)
+    assert len(messages) == 1
+    assert messages[0][TOKEN_HEADER] == sched._election().token()
+
+
+def test_missed_slot_is_skipped_by_policy(scheduler):
+    """Policy "skip": nothing is sent for the missed slots."""
+    app, sched = scheduler("skip", seconds_ago=5)
+    sched.tick()
+    assert sent(app) == []
+
+
+def test_slot_sent_by_the_previous_leader_is_not_sent_again(scheduler):
+    """A slot the previous leader sent 0.3 s ago is not sent again, though due locally."""
+    app, sched = scheduler("once", seconds_ago=0.3)
+    sched.tick()  # takes the lead: reads the previous leader's last sends
+    assert sent(app) == [], "a slot sent 0.3 s ago was not missed"
+    entry = sched.schedule["tick"]
+    entry.last_run_at = datetime.now(timezone.utc) - timedelta(seconds=2)
+    sched.apply_entry(entry, producer=sched.producer)
+    assert sent(app) == []
+
+
+def test_due_entry_is_sent_with_the_token_and_recorded(scheduler, redis_server):
+    """A due send carries the beat token header and is recorded as the entry's last send."""
+    app, sched = scheduler("once", seconds_ago=None)
+    entry = sched.schedule["tick"]
+    sched.apply_entry(entry, producer=sched.producer)
+    messages = sent(app)
+    token = sched._election().token()
+    assert [m[TOKEN_HEADER] for m in messages] == [token]
+    state = open_store(redis_server.url, timeout=1).get_state(f"{app.main}.beat")
+    assert json.loads(state["tick"])["token"] == token
+
+
+def test_standby_sends_nothing(scheduler, redis_server):
+    """A beat that does not hold the lease sends nothing, even for a due entry."""
+    app, leader = scheduler("once")
+    standby = LeaderScheduler(
+        app=app, schedule_filename=leader.schedule_filename + "-2", lazy=False
+    )
+    try:
+        time.sleep(0.3)
+        assert standby._election().token() is None
+        entry = standby.schedule["tick"]
+        entry.last_run_at = datetime.now(timezone.utc) - timedelta(seconds=2)
+        standby.apply_entry(entry, producer=standby.producer)
+        assert sent(app) == []
+    finally:
+        standby.close()
+
+
+def test_bad_standby_mode_is_refused(redis_server, tmp_path):
+    """leader_beat_standby outside auto/reserve/idle stops beat with a clear message."""
+    from celery.exceptions import ImproperlyConfigured
+
+    app = make_app(redis_server.url, leader_beat_standby="sometimes")
+    with pytest.raises(ImproperlyConfigured, match="leader_beat_standby='sometimes'"):
+        LeaderScheduler(app=app, schedule_filename=str(tmp_path / "s"), lazy=True)
