@@ -25,6 +25,11 @@ port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 test_services() {
   # Tests start their own redis-server processes on free ports; they need the binary.
   command -v redis-server >/dev/null || apt_install redis-server
+  # Azurite (the Azure Storage emulator, pinned in package.json) for the Azure Blob store tests.
+  if [ ! -x node_modules/.bin/azurite-blob ]; then
+    command -v npm >/dev/null || apt_install nodejs npm
+    npm ci --no-audit --no-fund --loglevel=error
+  fi
   # The RabbitMQ broker tests use the machine's RabbitMQ on 127.0.0.1:5672 (guest/guest).
   if ! port_open 5672; then
     command -v rabbitmq-server >/dev/null || apt_install rabbitmq-server

@@ -107,11 +107,7 @@ def _human(payload: dict[str, Any]) -> str:
     lines += ["leader:     none"] if leader is None else _describe_holder("leader:", leader)
     if "beat" in payload:
         beat = payload["beat"]
-        lines += (
-            ["beat:       none"]
-            if beat is None
-            else _describe_holder("beat:", beat)[:2]
-        )
+        lines += ["beat:       none"] if beat is None else _describe_holder("beat:", beat)[:2]
     return "\n".join(lines)
 
 
