@@ -116,7 +116,11 @@ def load_settings(
     queue = conf.get("leader_queue") or f"{default_name(conf, main)}.leader"
     options = {
         key: conf.get(key)
-        for key in ("leader_azure_connection_string", "leader_azure_account_url")
+        for key in (
+            "leader_azure_connection_string",
+            "leader_azure_account_url",
+            "leader_azure_watch_interval",
+        )
         if conf.get(key)
     }
     if "leader_azure_connection_string" not in options and os.environ.get(

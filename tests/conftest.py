@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from celery_leader.stores import open_store
 from celery_leader.stores.base import LeaseStore
-from tests.servers import RedisServer
+from tests.servers import AzuriteServer, RedisServer
 
 
 @pytest.fixture
@@ -32,6 +33,30 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite://{tmp_path}/leader.db"
 
 
+@pytest.fixture(params=["redis", "sqlite", "azure"])
+def any_store_url(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """The URL of a fresh, real store of every kind, Azure Blob (Azurite) included."""
+    if request.param == "azure":
+        server = AzuriteServer(tmp_path).start()
+        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", server.connection_string)
+        yield f"azureblob://c{uuid.uuid4().hex[:12]}/leases"
+        server.stop()
+    elif request.param == "redis":
+        redis_server = RedisServer(tmp_path).start()
+        yield redis_server.url
+        redis_server.stop()
+    else:
+        yield f"sqlite://{tmp_path}/leader.db"
+
+
+@pytest.fixture
+def lease_ttl(any_store_url: str) -> float:
+    """A lease length every store accepts (Azure: 15..60 s)."""
+    return 15.0 if any_store_url.startswith("azureblob") else 5.0
+
+
 @pytest.fixture
 def open_stores() -> Iterator[list[LeaseStore]]:
     """Stores opened in a test, closed after it."""
@@ -42,11 +67,11 @@ def open_stores() -> Iterator[list[LeaseStore]]:
 
 
 @pytest.fixture
-def make_store(store_url: str, open_stores: list[LeaseStore]):  # type: ignore[no-untyped-def]
+def make_store(any_store_url: str, open_stores: list[LeaseStore]):  # type: ignore[no-untyped-def]
     """Open another client of the test's store."""
 
-    def make(timeout: float = 0.5) -> LeaseStore:
-        store = open_store(store_url, timeout=timeout)
+    def make(timeout: float = 2.0) -> LeaseStore:
+        store = open_store(any_store_url, timeout=timeout)
         open_stores.append(store)
         return store
 

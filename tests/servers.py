@@ -133,3 +133,75 @@ class RedisServer:
 
     def stop(self) -> None:
         self.kill()
+
+
+AZURITE_ACCOUNT = "devstoreaccount1"
+# Azurite's fixed, public development key (documented by Microsoft; not a secret).
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class AzuriteServer:
+    """Azurite's blob service (the npm package pinned in package.json), in memory."""
+
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.binary = ROOT / "node_modules" / ".bin" / "azurite-blob"
+        if not self.binary.exists():
+            raise RuntimeError("Azurite is not installed; run the README's test command")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def connection_string(self) -> str:
+        return (
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
+            f"AccountKey={AZURITE_KEY};"
+            f"BlobEndpoint=http://127.0.0.1:{self.port}/{AZURITE_ACCOUNT};"
+        )
+
+    def start(self) -> AzuriteServer:
+        log = open(self.workdir / f"azurite-{self.port}.log", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                str(self.binary),
+                "--blobHost",
+                "127.0.0.1",
+                "--blobPort",
+                str(self.port),
+                "--inMemoryPersistence",
+                "--skipApiVersionCheck",
+                "--disableTelemetry",
+                "--silent",
+            ],
+            stdout=log,
+            stderr=log,
+            cwd=self.workdir,
+        )
+        log.close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"azurite exited with {self.proc.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("azurite did not start")
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(10)

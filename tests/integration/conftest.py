@@ -17,6 +17,8 @@ import redis
 from celery import Celery
 
 from celery_leader import install
+from celery_leader.exceptions import StoreError
+from celery_leader.stores import open_store
 from tests.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -210,23 +212,29 @@ class Cluster:
         return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip() else None)
 
     def leader_worker(self, timeout: float = 15) -> Worker:
-        """The worker holding the lease and past its hold-off."""
+        """The worker holding the lease, past its hold-off, consuming the leader queue."""
         deadline = time.monotonic() + timeout
-        client = redis.Redis(host="127.0.0.1", port=self.store.port, decode_responses=True)
-        while time.monotonic() < deadline:
-            raw = client.get(f"celery-leader:{{{self.name}}}:lease")
-            if raw:
-                data = json.loads(raw)
-                hold = int(data.get("hold_until_us", 0)) / 1e6
-                if hold <= time.time():
+        options = {}
+        if self.env.get("AZURE_STORAGE_CONNECTION_STRING"):
+            options["leader_azure_connection_string"] = self.env["AZURE_STORAGE_CONNECTION_STRING"]
+        store = open_store(self.env["LEADER_STORE"], timeout=2, options=options)
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    record = store.read(self.name)
+                except StoreError:
+                    record = None
+                if record is not None and record.hold_off <= 0:
                     for worker in self.workers:
                         if (
-                            worker.nodename == data["nodename"]
+                            worker.nodename == record.nodename
                             and worker.proc.poll() is None
                             and "Started consuming from" in worker.text()
                         ):
                             return worker
-            time.sleep(0.05)
+                time.sleep(0.05)
+        finally:
+            store.close()
         raise AssertionError("no leader elected")
 
     def history(self) -> list[dict]:
