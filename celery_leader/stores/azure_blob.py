@@ -88,6 +88,9 @@ _NOT_OURS = frozenset(
         "LeaseLost",
         "LeaseIdMissing",
         "ConditionNotMet",
+        # The blob or its container is gone: whatever lease there was is not ours.
+        "BlobNotFound",
+        "ContainerNotFound",
     }
 )
 _AUTH = frozenset(
@@ -276,15 +279,19 @@ class AzureBlobLeaseStore:
                     return AcquireResult(
                         acquired=False, holder=self._record(name), retry_in=ttl / 4
                     )
-                if code == "BlobNotFound":
-                    self._ready.discard(name)
+                if code in ("BlobNotFound", "ContainerNotFound"):
+                    self._ready.discard(name)  # deleted under us: create it again next time
+                    raise StoreError(self._message("acquire", exc, code)) from None
                 raise
             content = self._read_content(blob, lease=guid)
             now_us = time.time_ns() // 1000
             last = content.get("last_token")
-            previous = content.get("holder") if isinstance(content.get("holder"), dict) else {}
-            # A hold-off still running (an acquire whose reply was lost) carries over.
-            hold_off = max(0.0, float(previous.get("hold_until", 0)) - time.time())
+            found = content.get("holder")
+            previous: dict[str, Any] = found if isinstance(found, dict) else {}
+            hold_off = 0.0
+            if previous.get("lease") == guid:
+                # Our own acquire whose reply was lost: its hold-off still runs.
+                hold_off = max(0.0, float(previous.get("hold_until", 0)) - time.time())
             if not isinstance(last, int):
                 last, hold_off = max(now_us, min_token), float(ttl)
             token = max(int(last), int(min_token)) + 1
@@ -292,6 +299,7 @@ class AzureBlobLeaseStore:
                 {
                     "last_token": token,
                     "holder": {
+                        "lease": guid,
                         "nodename": holder.nodename,
                         "hostname": holder.hostname,
                         "pid": holder.pid,
@@ -358,13 +366,7 @@ class AzureBlobLeaseStore:
         try:
             with self._translated("read"):
                 return self._record(name)
-        except (_NotOursError, StoreError) as exc:
-            if (
-                isinstance(exc, StoreError)
-                and "BlobNotFound" not in str(exc)
-                and ("ContainerNotFound" not in str(exc))
-            ):
-                raise
+        except _NotOursError:  # no blob, no lease
             return None
 
     def get_state(self, name: str) -> dict[str, str]:
@@ -372,10 +374,8 @@ class AzureBlobLeaseStore:
         try:
             with self._translated("read state"):
                 state = self._read_content(self._blob(name)).get("state") or {}
-        except StoreError as exc:
-            if "BlobNotFound" in str(exc) or "ContainerNotFound" in str(exc):
-                return {}
-            raise
+        except _NotOursError:  # no blob yet
+            return {}
         return {str(k): str(v) for k, v in state.items()}
 
     def set_state(self, name: str, lease_id: str, key: str, value: str) -> bool:
@@ -402,8 +402,11 @@ class AzureBlobLeaseStore:
 
     def lease_is_free(self, name: str) -> bool:
         """True when the blob is not leased (one HEAD request)."""
-        with self._translated("look"):
-            properties = self._blob(name).get_blob_properties(timeout=self._server_timeout())
+        try:
+            with self._translated("look"):
+                properties = self._blob(name).get_blob_properties(timeout=self._server_timeout())
+        except _NotOursError:  # no blob: nobody holds it
+            return True
         return bool(properties.lease.state != "leased")
 
     def close(self) -> None:

@@ -46,6 +46,7 @@ def test_two_workers_on_azure_crash_then_shutdown(azure_cluster):
     cluster.start(1)
     killed_at = time.monotonic()
     first.signal(signal.SIGKILL)
+    first.proc.wait(10)
     second = cluster.leader_worker(timeout=TTL + 15)
     took = time.monotonic() - killed_at
     assert second is not first
@@ -53,6 +54,7 @@ def test_two_workers_on_azure_crash_then_shutdown(azure_cluster):
 
     stopped_at = time.monotonic()
     second.proc.send_signal(signal.SIGTERM)
+    second.proc.wait(20)
     third = cluster.leader_worker(timeout=10)
     assert third not in (first, second)
     assert time.monotonic() - stopped_at < 5, "handover on release, not after the ttl"
