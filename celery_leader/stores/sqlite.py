@@ -97,7 +97,7 @@ class SQLiteLeaseStore:
         self._timeout = timeout
         self._boot_id = _boot_id()
         self._lock = threading.Lock()
-        self._conn = self._connect()
+        self._connection: sqlite3.Connection | None = None
 
     @classmethod
     def from_url(
@@ -117,16 +117,32 @@ class SQLiteLeaseStore:
             )
         return cls(Path(path), url, timeout)
 
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        """The connection, opened on first use (under ``self._lock``).
+
+        Opening is lazy and its errors are store errors, so that several
+        processes starting at once (WAL set-up takes a lock) never fail at
+        start: the lease manager retries.
+        """
+        if self._connection is None:
+            self._connection = self._connect()
+        return self._connection
+
     def _connect(self) -> sqlite3.Connection:
         try:
             conn = sqlite3.connect(
                 self._path, timeout=self._timeout, isolation_level=None, check_same_thread=False
             )
+        except sqlite3.Error as exc:
+            raise StoreError(f"lease store {self.url}: open failed: {exc}") from None
+        try:
             conn.execute(f"PRAGMA busy_timeout = {int(self._timeout * 1000)}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.executescript(_SCHEMA)
         except sqlite3.Error as exc:
+            conn.close()
             raise StoreError(f"lease store {self.url}: open failed: {exc}") from None
         return conn
 
@@ -273,7 +289,9 @@ class SQLiteLeaseStore:
     def close(self) -> None:
         """Close the connection."""
         with self._lock:
-            self._conn.close()
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
 
 
 def _record(row: tuple[Any, ...], now_us: int) -> LeaseRecord:

@@ -150,3 +150,27 @@ def test_state_is_written_only_by_the_holder(make_store, lease_ttl):
     store.release("job", "id-a")
     assert not store.set_state("job", "id-a", "k", "v3")
     assert store.get_state("job") == {"k": "v1"}
+
+
+def test_many_processes_opening_a_new_sqlite_store_at_once(tmp_path):
+    """Eight processes opening a brand-new SQLite store together: none fails to start."""
+    import subprocess
+    import sys
+
+    url = f"sqlite://{tmp_path}/race.db"
+    code = (
+        "import sys, time\n"
+        "from celery_leader.stores import open_store\n"
+        "from celery_leader.stores.base import Holder\n"
+        "from celery_leader.exceptions import StoreError\n"
+        f"store = open_store({url!r}, timeout=2)\n"
+        "for _ in range(50):\n"
+        "    try:\n"
+        "        store.acquire('job', Holder.for_this_process(), 5); break\n"
+        "    except StoreError:\n"
+        "        time.sleep(0.05)\n"
+        "else:\n"
+        "    sys.exit(3)\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(8)]
+    assert [p.wait(60) for p in procs] == [0] * 8
