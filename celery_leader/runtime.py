@@ -17,6 +17,8 @@ from celery_leader.exceptions import LeaseError, LeaseLost
 from celery_leader.worker.shared_state import SharedLease
 
 _shared: SharedLease | None = None
+#: The token eager runs hold, set by :func:`celery_leader.testing.leadership`.
+_eager_token: int | None = None
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,17 @@ def install_shared_lease(shared: SharedLease | None) -> None:
     """Make *shared* the lease that runs in this process (and its forks) check."""
     global _shared  # noqa: PLW0603 - one lease per worker process, set before the pool forks
     _shared = shared
+
+
+def set_eager_token(token: int | None) -> None:
+    """Make eager leader-only runs hold *token* (None: no lease, as by default)."""
+    global _eager_token  # noqa: PLW0603 - set and restored by celery_leader.testing only
+    _eager_token = token
+
+
+def eager_token() -> int | None:
+    """The token eager runs hold, if a test forced one."""
+    return _eager_token
 
 
 def shared_lease() -> SharedLease | None:
@@ -63,7 +76,9 @@ def lease_lost() -> bool:
     """True once the lease this run started under has ended (or was never valid).
 
     Eager runs (``task.apply()``, ``task_always_eager``) hold no lease and
-    never see it lost. Raises :class:`LeaseError` outside a leader-only task.
+    never see it lost, unless a test forced one with
+    :func:`celery_leader.testing.leadership`. Raises :class:`LeaseError`
+    outside a leader-only task.
     """
     run = _run()
     if run.token is None:

@@ -36,7 +36,7 @@ from celery.exceptions import Ignore, Reject
 from celery.local import Proxy
 
 from celery_leader.exceptions import ConfigurationError, LeaseLost
-from celery_leader.runtime import leader_run, shared_lease
+from celery_leader.runtime import eager_token, leader_run, shared_lease
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,12 @@ class LeaderTaskMixin:
         request = self.request  # type: ignore[attr-defined]
         name = str(self.app.conf.get("leader_name") or self.app.main or "celery")  # type: ignore[attr-defined]
         if request.is_eager or request.called_directly:
-            with leader_run(name, None):
+            # Eager runs hold no lease, unless a test forced one (celery_leader.testing):
+            # then they see its token, and LeaseLost reaches the caller as it is.
+            forced = eager_token()
+            if not request.called_directly:
+                request.leader_token = forced
+            with leader_run(name, forced):
                 return super().__call__(*args, **kwargs)  # type: ignore[misc]
         token = getattr(request, "leader_token", None)
         shared = shared_lease()

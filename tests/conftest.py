@@ -33,7 +33,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite://{tmp_path}/leader.db"
 
 
-@pytest.fixture(params=["redis", "sqlite", "azure"])
+@pytest.fixture(params=["redis", "sqlite", "azure", "memory"])
 def any_store_url(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[str]:
@@ -43,6 +43,8 @@ def any_store_url(
         monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", server.connection_string)
         yield f"azureblob://c{uuid.uuid4().hex[:12]}/leases"
         server.stop()
+    elif request.param == "memory":
+        yield f"memory://{uuid.uuid4().hex}"
     elif request.param == "redis":
         redis_server = RedisServer(tmp_path).start()
         yield redis_server.url

@@ -22,6 +22,7 @@ BUILTIN_STORES: Mapping[str, str] = {
     "unix": "celery_leader.stores.redis:RedisLeaseStore",
     "sqlite": "celery_leader.stores.sqlite:SQLiteLeaseStore",
     "azureblob": "celery_leader.stores.azure_blob:AzureBlobLeaseStore",
+    "memory": "celery_leader.stores.memory:MemoryLeaseStore",
 }
 
 
