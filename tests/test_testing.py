@@ -8,7 +8,7 @@ import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
-from celery_leader import LeaderElection, LeaseLost, check_leadership, lease_lost, leader_only
+from celery_leader import LeaderElection, LeaseLost, check_leadership, leader_only, lease_lost
 from celery_leader.testing import leadership, reset_memory_stores
 
 
