@@ -80,6 +80,10 @@ class BeatElection:
         )
         self.holder = Holder.for_this_process(f"beat-{Holder.for_this_process().nodename}")
         self.manager = LeaseManager(self.store, settings.name, settings.timing, holder=self.holder)
+        if app.conf.get("leader_metrics") or app.conf.get("leader_metrics_port"):
+            from celery_leader.metrics import enable_metrics  # noqa: PLC0415 - optional extra
+
+            enable_metrics(app.conf, self.manager)
         self.marks: dict[str, dict[str, Any]] = {}
         self.seen_token: int | None = None
         self._started = False

@@ -100,6 +100,8 @@ class LeaseEvent:
     at: float = 0.0
     """Monotonic time of the change: for LOST and RELEASED, when the manager
     stopped believing it leads (before any release reached the store)."""
+    latency: float | None = None
+    """For RENEWED: how long the renewal took, in seconds."""
 
 
 @dataclass(frozen=True)
@@ -402,6 +404,7 @@ class LeaseManager:
             self._store_failed(exc)
             held.next_renew_at = self._clock() + self.timing.renew_retry_delay(self._rand())
             return True
+        latency = self._clock() - t_sent
         self._store_ok()
         if not ok:
             self._lose(LossReason.RENEW_REJECTED)
@@ -411,7 +414,7 @@ class LeaseManager:
         if held.elected_at is not None:
             with self._lock:
                 self._state = LeaseState(Role.LEADER, held.token, held.valid_until)
-            self._emit(EventKind.RENEWED, held.term())
+            self._emit(EventKind.RENEWED, held.term(), latency=latency)
         else:
             with self._lock:
                 self._state = replace(self._state, valid_until=held.valid_until)
@@ -482,8 +485,11 @@ class LeaseManager:
         reason: LossReason | None = None,
         *,
         at: float | None = None,
+        latency: float | None = None,
     ) -> None:
-        event = LeaseEvent(kind, self.name, term, reason, self._clock() if at is None else at)
+        event = LeaseEvent(
+            kind, self.name, term, reason, self._clock() if at is None else at, latency
+        )
         for listener in list(self._listeners):
             try:
                 listener(event)

@@ -60,6 +60,23 @@ def pool_kind(worker: Any) -> str:
     return str(module).split(":")[0].rsplit(".", 1)[-1]
 
 
+def _enable_metrics(conf: Any, manager: LeaseManager) -> None:
+    """Attach Prometheus metrics when ``leader_metrics``/``leader_metrics_port`` ask for them."""
+    if not (conf.get("leader_metrics") or conf.get("leader_metrics_port")):
+        return
+    try:
+        from celery_leader.metrics import enable_metrics  # noqa: PLC0415 - optional extra
+
+        enable_metrics(conf, manager)
+    except ConfigurationError as exc:
+        raise WorkerConfigurationError(f"celery-leader: {exc}") from None
+    except OSError as exc:
+        raise WorkerConfigurationError(
+            f"celery-leader: leader_metrics_port={conf.get('leader_metrics_port')!r} "
+            f"cannot be served: {exc}"
+        ) from None
+
+
 class LeaderConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
     """Consumer step: couples leader-queue consumption and liveness to the consumer."""
 
@@ -128,6 +145,7 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
             listeners=(coordinator.on_lease_event,),
             liveness=coordinator.is_live,
         )
+        _enable_metrics(app.conf, coordinator.manager)
         coordinator.install()
         worker.celery_leader = coordinator
         self.coordinator = coordinator

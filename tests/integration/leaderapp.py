@@ -208,3 +208,7 @@ if os.environ.get("LEADER_BEAT_EVERY"):
     if os.environ.get("LEADER_BEAT_REDIS"):
         app.conf.redbeat_redis_url = os.environ["LEADER_BEAT_REDIS"]
         app.conf.redbeat_key_prefix = f"redbeat-{app.conf.leader_name}:"
+
+if os.environ.get("LEADER_METRICS_PORT"):
+    app.conf.leader_metrics_port = int(os.environ["LEADER_METRICS_PORT"])
+    app.conf.leader_metrics_address = "127.0.0.1"
