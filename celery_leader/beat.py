@@ -228,11 +228,36 @@ class LeaderSchedulerMixin:
             if policy == "once" and _slot_missed(entry, election.marks.get(entry.name)):
                 logger.info("celery-leader beat: %s missed a slot; sending it once", entry.name)
                 self.apply_entry(entry, producer=self.producer)  # type: ignore[attr-defined]
+                self._reanchor(entry, time.time())
+
+    def _reanchor(self, entry: Any, sent_at: float) -> None:
+        """Count the schedule of *entry* from a send at *sent_at* (by us or the old leader).
+
+        Without it the local schedule keeps its own slots: a slot a moment
+        after that send would be skipped as "already sent" and the entry
+        would wait almost two periods.
+        """
+        when = datetime.fromtimestamp(sent_at, tz=timezone.utc)
+        schedule = self.schedule  # type: ignore[attr-defined]
+        current = schedule.get(entry.name, entry)
+        schedule[entry.name] = current._next_instance(last_run_at=when)
+        self._heap = None  # Celery rebuilds its heap from the schedule on the next tick
 
     def apply_entry(self, entry: Any, producer: Any = None) -> None:
-        """Send when leading; a standby only keeps its schedule in step (already done)."""
-        if self._election().token() is None:
+        """Send when leading and the slot is not sent yet; a standby only keeps in step."""
+        election = self._election()
+        if election.token() is None:
             logger.debug("celery-leader beat: standby, not sending %s", entry.name)
+            return
+        mark = election.marks.get(entry.name)
+        if self._leader_mode == "reserve" and _slot_already_sent(entry, mark):
+            assert mark is not None
+            logger.info(
+                "celery-leader beat: %s was sent for this slot by the previous leader; "
+                "its schedule now counts from that send",
+                entry.name,
+            )
+            self._reanchor(entry, float(mark["at"]))
             return
         super().apply_entry(entry, producer=producer)  # type: ignore[misc]
 
@@ -247,8 +272,7 @@ class LeaderSchedulerMixin:
         if self._leader_mode == "reserve" and _slot_already_sent(
             entry, election.marks.get(entry.name)
         ):
-            logger.info("celery-leader beat: %s was already sent for this slot", entry.name)
-            return None
+            return None  # apply_entry re-anchors; direct callers simply skip the slot
         if not election.mark_sent(entry.name, token) or election.token() != token:
             return None
         if advance:

@@ -92,6 +92,12 @@ def test_missed_slot_is_sent_once_on_takeover(scheduler):
     messages = sent(app)
     assert len(messages) == 1
     assert messages[0][TOKEN_HEADER] == sched._election().token()
+    caught_up = time.time()
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and not (messages := sent(app)):
+        time.sleep(sched.tick() or 0.01)
+    assert len(messages) == 1, "the next regular send follows one period after the catch-up"
+    assert 0.7 < time.time() - caught_up < 1.6
 
 
 def test_missed_slot_is_skipped_by_policy(scheduler):
@@ -110,6 +116,9 @@ def test_slot_sent_by_the_previous_leader_is_not_sent_again(scheduler):
     entry.last_run_at = datetime.now(timezone.utc) - timedelta(seconds=2)
     sched.apply_entry(entry, producer=sched.producer)
     assert sent(app) == []
+    anchored = sched.schedule["tick"].last_run_at.timestamp()
+    mark = sched._election().marks["tick"]["at"]
+    assert abs(anchored - mark) < 0.001, "the schedule counts from that send"
 
 
 def test_due_entry_is_sent_with_the_token_and_recorded(scheduler, redis_server):
