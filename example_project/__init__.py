@@ -1,0 +1,1 @@
+"""A small Celery project that uses celery-leader: see README.md here."""
