@@ -212,3 +212,14 @@ if os.environ.get("LEADER_BEAT_EVERY"):
 if os.environ.get("LEADER_METRICS_PORT"):
     app.conf.leader_metrics_port = int(os.environ["LEADER_METRICS_PORT"])
     app.conf.leader_metrics_address = "127.0.0.1"
+
+
+@leader_only(on_loss="terminate")
+@app.task(bind=True)
+def chaos_work(self, i, seconds):
+    """Chaos suite work: runs a while, then writes through the fence with its token."""
+    record("start", self, i=i)
+    time.sleep(seconds)
+    accepted = fence.admit("chaos", self.request.leader_token)
+    record("write", self, i=i, accepted=accepted)
+    record("end", self, i=i)
