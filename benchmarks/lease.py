@@ -102,6 +102,35 @@ def store_load(url: str, ttl: float, followers: int, seconds: float) -> tuple[fl
     return commands, scripts
 
 
+def election_time(url: str, ttl: float, contenders: int) -> float:
+    """Seconds from starting *contenders* managers at once (warm store) to the first leader."""
+    timing = LeaseTiming.create(ttl)
+    name = f"bench-elect-{contenders}"
+    warm(url, name)
+    managers = [
+        LeaseManager(
+            open_store(url, timeout=timing.op_timeout),
+            name,
+            timing,
+            holder=Holder.for_this_process(f"c{i}"),
+        )
+        for i in range(contenders)
+    ]
+    started = time.monotonic()
+    for manager in managers:
+        manager.start()
+    try:
+        while not any(m.is_leader() for m in managers):
+            if time.monotonic() - started > ttl * 3 + 10:
+                raise RuntimeError("no leader elected")
+            time.sleep(0.001)
+        return time.monotonic() - started
+    finally:
+        for manager in managers:
+            manager.stop(timeout=2)
+            manager.store.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
@@ -117,6 +146,8 @@ def main() -> None:
             crash = failover_rounds(server.url, args.ttl, args.rounds, signal.SIGKILL)
             graceful = failover_rounds(server.url, args.ttl, args.rounds, signal.SIGTERM)
             commands, scripts = store_load(server.url, args.ttl, args.followers, args.seconds)
+            big_commands, big_scripts = store_load(server.url, args.ttl, 200, args.seconds)
+            elect = election_time(server.url, args.ttl, 200)
         finally:
             server.stop()
     version = (
@@ -135,7 +166,12 @@ def main() -> None:
     label = f"store load, 1 leader + {args.followers} followers"
     print(f"| {label + ', round trips/s':<44} | {scripts:8.1f} | {'':>8} |")
     print(f"| {label + ', commands/s':<44} | {commands:8.1f} | {'':>8} |")
-    print("\n(commands/s counts the commands inside the Lua scripts as well)")
+    label = "store load, 1 leader + 200 followers"
+    print(f"| {label + ', round trips/s':<44} | {big_scripts:8.1f} | {'':>8} |")
+    print(f"| {label + ', commands/s':<44} | {big_commands:8.1f} | {'':>8} |")
+    print(f"| {'time to elect among 200 (start -> leader), s':<44} | {elect:8.3f} | {'':>8} |")
+    print("\n(commands/s counts the commands inside the Lua scripts as well; the 200")
+    print(" managers run as threads of one process, each with its own connection)")
     print(
         f"\ngoal: takeover worst <= ttl + renew_interval + 1 s = "
         f"{args.ttl + args.ttl / 3 + 1:.2f} s"
