@@ -156,20 +156,20 @@ def main() -> None:
         .removeprefix("v=")
     )
     print(f"\nlease core on redis-server {version}, ttl {args.ttl:g} s, {args.rounds} rounds\n")
-    print(f"| {'measure':<44} | {'median':>8} | {'worst':>8} |")
-    print(f"|{'-' * 46}|{'-' * 10}|{'-' * 10}|")
+    print(f"| {'measure':<52} | {'median':>8} | {'worst':>8} |")
+    print(f"|{'-' * 54}|{'-' * 10}|{'-' * 10}|")
     for label, values in (
         ("takeover after crash (SIGKILL -> elected), s", crash),
         ("handover after stop (SIGTERM -> elected), s", graceful),
     ):
-        print(f"| {label:<44} | {statistics.median(values):8.3f} | {max(values):8.3f} |")
+        print(f"| {label:<52} | {statistics.median(values):8.3f} | {max(values):8.3f} |")
     label = f"store load, 1 leader + {args.followers} followers"
-    print(f"| {label + ', round trips/s':<44} | {scripts:8.1f} | {'':>8} |")
-    print(f"| {label + ', commands/s':<44} | {commands:8.1f} | {'':>8} |")
+    print(f"| {label + ', round trips/s':<52} | {scripts:8.1f} | {'':>8} |")
+    print(f"| {label + ', commands/s':<52} | {commands:8.1f} | {'':>8} |")
     label = "store load, 1 leader + 200 followers"
-    print(f"| {label + ', round trips/s':<44} | {big_scripts:8.1f} | {'':>8} |")
-    print(f"| {label + ', commands/s':<44} | {big_commands:8.1f} | {'':>8} |")
-    print(f"| {'time to elect among 200 (start -> leader), s':<44} | {elect:8.3f} | {'':>8} |")
+    print(f"| {label + ', round trips/s':<52} | {big_scripts:8.1f} | {'':>8} |")
+    print(f"| {label + ', commands/s':<52} | {big_commands:8.1f} | {'':>8} |")
+    print(f"| {'time to elect among 200 (start -> leader), s':<52} | {elect:8.3f} | {'':>8} |")
     print("\n(commands/s counts the commands inside the Lua scripts as well; the 200")
     print(" managers run as threads of one process, each with its own connection)")
     print(
