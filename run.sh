@@ -2,7 +2,7 @@
 # The project's two entry points, for a fresh Debian-like machine:
 #   ./run.sh demo [--quick]   the demo: needs nothing but Python (SQLite lease store)
 #   ./run.sh test [pytest args]   installs what the tests need, lints, type-checks, runs pytest
-#   ./run.sh bench            the benchmarks (after ./run.sh test has installed everything)
+#   ./run.sh bench            every benchmark; writes docs/benchmarks.md and docs/failover.png
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -55,8 +55,8 @@ case "$cmd" in
     ;;
   bench)
     test_services
-    venv dev
-    exec .venv/bin/python -m benchmarks "$@"
+    venv "dev,bench"
+    exec .venv/bin/python -m benchmarks.report "$@"
     ;;
   *)
     echo "usage: ./run.sh demo|test|bench [args]" >&2
