@@ -61,8 +61,11 @@ MISSED_POLICIES = ("once", "skip")
 STANDBY_MODES = ("auto", "reserve", "idle")
 #: Schedulers whose state is shared between instances (standbys must not tick).
 SHARED_STATE_MODULES = ("redbeat", "django_celery_beat")
-#: The longest a standby or leader sleeps between ticks, so a takeover is prompt.
+#: The longest the leader sleeps between ticks (beat's loop sleeps uninterruptibly).
 MAX_TICK = 0.5
+#: The longest a standby sleeps between ticks: it sees its election at the next
+#: tick, so this bounds the delay from winning the lease to the first send.
+STANDBY_TICK = 0.1
 #: A send counts as covering the current slot when less than this fraction of
 #: the period was left after it (ticks jitter by milliseconds).
 SLOT_TOLERANCE = 0.1
@@ -210,9 +213,10 @@ class LeaderSchedulerMixin:
             election.seen_token = token
             self._on_elected(token)
         if token is None and self._leader_mode == "idle":
-            return MAX_TICK
+            return STANDBY_TICK
         interval = super().tick(*args, **kwargs)  # type: ignore[misc]
-        return float(min(interval, MAX_TICK)) if interval else float(interval or 0)
+        cap = MAX_TICK if token is not None else STANDBY_TICK
+        return float(min(interval, cap)) if interval else float(interval or 0)
 
     def _on_elected(self, token: int) -> None:
         logger.info("celery-leader beat: this beat sends now (token %d)", token)
