@@ -24,6 +24,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_for_port(proc: subprocess.Popen[bytes], port: int, what: str, timeout: float) -> None:
+    """Block until *proc* listens on 127.0.0.1:*port*; fail if it exits or takes too long."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError(f"{what} did not start within {timeout:g} s")
+
+
 def require_binary(name: str) -> str:
     """The path of *name*; fail (never skip) when it is missing."""
     path = shutil.which(name)
@@ -97,17 +111,8 @@ class RedisServer:
         return self
 
     def wait_ready(self, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.01)
-        raise RuntimeError("redis-server did not start")
+        assert self.proc is not None
+        wait_for_port(self.proc, self.port, "redis-server", timeout)
 
     def client(self, **kwargs: object) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True, **kwargs)
@@ -181,16 +186,8 @@ class AzuriteServer:
             cwd=self.workdir,
         )
         log.close()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"azurite exited with {self.proc.returncode}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("azurite did not start")
+        wait_for_port(self.proc, self.port, "azurite", 30)
+        return self
 
     def pause(self) -> None:
         assert self.proc is not None

@@ -26,23 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from celery_leader._masking import mask_url
+from celery_leader.demo.lease_demo import DemoResult
 from celery_leader.stores import open_store
 
 APP = "celery_leader.demo.app"
 
 
 @dataclass
-class CeleryDemoResult:
-    """What the demo measured."""
+class CeleryDemoResult(DemoResult):
+    """What the demo measured, with the Celery part: lease held vs first task, runs."""
 
-    first_leader: str = ""
-    first_token: int = 0
-    failover_leader: str = ""
-    failover_token: int = 0
-    failover_seconds: float = 0.0
-    handover_leader: str = ""
-    handover_token: int = 0
-    handover_seconds: float = 0.0
     handover_elected_seconds: float = 0.0
     runs: Counter[str] = field(default_factory=Counter)
 

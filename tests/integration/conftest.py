@@ -190,18 +190,10 @@ class Cluster:
     def beat_sends(self) -> list[dict]:
         return sorted((r for r in self.history() if r["kind"] == "beat"), key=lambda r: r["at"])
 
-    def leader_status(self) -> tuple[int, dict | None]:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "tests.integration.leaderapp",
-                "leader",
-                "status",
-                "--json",
-            ],
+    def celery(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run ``celery -A tests.integration.leaderapp <args>`` against this cluster."""
+        return subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "tests.integration.leaderapp", *args],
             cwd=ROOT,
             env=self.env,
             capture_output=True,
@@ -209,6 +201,9 @@ class Cluster:
             timeout=30,
             check=False,
         )
+
+    def leader_status(self) -> tuple[int, dict | None]:
+        proc = self.celery("leader", "status", "--json")
         return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip() else None)
 
     def leader_worker(self, timeout: float = 15) -> Worker:

@@ -150,23 +150,7 @@ def test_eta_leader_message_is_handed_back_on_step_down(cluster_for):
     deadline = time.monotonic() + 5
     while "received" not in old.text() and time.monotonic() < deadline:
         time.sleep(0.05)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tests.integration.leaderapp",
-            "leader",
-            "step-down",
-        ],
-        cwd=ROOT,
-        env=cluster.env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    proc = cluster.celery("leader", "step-down")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = cluster.wait_history(lambda r: len(runs(r)) >= 1, 10)
     time.sleep(0.5)

@@ -243,10 +243,6 @@ def test_follower_reroutes_a_leader_message_sent_to_it(cluster_for):
 
 def test_step_down_hands_over_without_loss(cluster_for):
     """`celery leader step-down`: another worker runs leader tasks within 2 s; none lost."""
-    import subprocess
-    import sys
-
-    from tests.integration.conftest import ROOT
 
     cluster = cluster_for("redis")
     cluster.start(2)
@@ -254,23 +250,7 @@ def test_step_down_hands_over_without_loss(cluster_for):
     stream = Stream(cluster)
     cluster.wait_history(lambda r: len(runs(r)) >= 10, 10)
     asked_at = time.monotonic()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tests.integration.leaderapp",
-            "leader",
-            "step-down",
-        ],
-        cwd=ROOT,
-        env=cluster.env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    proc = cluster.celery("leader", "step-down")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"{old.nodename} stepped down" in proc.stdout
     rows = cluster.wait_history(lambda r: any(x["worker"] != old.nodename for x in runs(r)), 5)
