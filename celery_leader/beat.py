@@ -228,8 +228,14 @@ class LeaderSchedulerMixin:
         policies = conf.get("leader_beat_missed") or {}
         default = conf.get("leader_beat_missed_default") or "once"
         for entry in list(self.schedule.values()):  # type: ignore[attr-defined]
-            policy = policies.get(entry.name, default)
-            if policy == "once" and _slot_missed(entry, election.marks.get(entry.name)):
+            mark = election.marks.get(entry.name)
+            if mark is None:
+                continue  # never sent by anyone: the local schedule stands
+            if not _slot_missed(entry, mark):
+                # Carry on from the previous leader's last send, not from this
+                # standby's own slots (which may lie almost a period later).
+                self._reanchor(entry, float(mark["at"]))
+            elif policies.get(entry.name, default) == "once":
                 logger.info("celery-leader beat: %s missed a slot; sending it once", entry.name)
                 self.apply_entry(entry, producer=self.producer)  # type: ignore[attr-defined]
                 self._reanchor(entry, time.time())

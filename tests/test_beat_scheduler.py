@@ -157,3 +157,11 @@ def test_bad_standby_mode_is_refused(redis_server, tmp_path):
     app = make_app(redis_server.url, leader_beat_standby="sometimes")
     with pytest.raises(ImproperlyConfigured, match="leader_beat_standby='sometimes'"):
         LeaderScheduler(app=app, schedule_filename=str(tmp_path / "s"), lazy=True)
+
+
+def test_new_leader_carries_on_from_the_previous_leaders_last_send(scheduler):
+    """On taking over, an entry's schedule counts from the previous leader's last send."""
+    _, sched = scheduler("once", seconds_ago=0.4)
+    sched.tick()
+    mark = sched._election().marks["tick"]["at"]
+    assert abs(sched.schedule["tick"].last_run_at.timestamp() - mark) < 0.001
