@@ -46,7 +46,27 @@ def require_binary(name: str) -> str:
     return path
 
 
-class RedisServer:
+class ServerProcess:
+    """A server process a test owns: it can pause (SIGSTOP), resume and kill it."""
+
+    proc: subprocess.Popen[bytes] | None = None
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+class RedisServer(ServerProcess):
     """One redis-server without persistence, controlled by the test."""
 
     def __init__(
@@ -117,27 +137,13 @@ class RedisServer:
     def client(self, **kwargs: object) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True, **kwargs)
 
-    def pause(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGCONT)
-
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait(10)
+        self.stop()
 
     def restart_empty(self) -> None:
         """Kill and start again on the same port with no data (no persistence)."""
         self.kill()
         self.start()
-
-    def stop(self) -> None:
-        self.kill()
 
 
 AZURITE_ACCOUNT = "devstoreaccount1"
@@ -148,7 +154,7 @@ AZURITE_KEY = (
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class AzuriteServer:
+class AzuriteServer(ServerProcess):
     """Azurite's blob service (the npm package pinned in package.json), in memory."""
 
     def __init__(self, workdir: Path, port: int | None = None) -> None:
@@ -188,17 +194,3 @@ class AzuriteServer:
         log.close()
         wait_for_port(self.proc, self.port, "azurite", 30)
         return self
-
-    def pause(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGCONT)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait(10)
