@@ -26,6 +26,7 @@ BENCHMARKS = [
     ("Workers end to end (Redis broker and store)", ["benchmarks.workers"]),
     ("Azure Blob store (Azurite)", ["benchmarks.azure"]),
     ("Beat failover, side by side with RedBeat and single-beat", ["benchmarks.beat"]),
+    ("Per-call cost, side by side with celery-once and celery-singleton", ["benchmarks.gate"]),
 ]
 NUMBER = re.compile(r"^(?:[\d.]+)(?: s)?$")
 
