@@ -274,15 +274,11 @@ class LeaderSchedulerMixin:
     def apply_async(
         self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
     ) -> Any:
-        """Send *entry* if this beat leads now and no one sent this slot yet."""
+        """Send *entry* if this beat leads now (apply_entry has checked the slot)."""
         election = self._election()
         token = election.token()
         if token is None:
             return self.reserve(entry) if advance and self._leader_mode == "reserve" else None  # type: ignore[attr-defined]
-        if self._leader_mode == "reserve" and _slot_already_sent(
-            entry, election.marks.get(entry.name)
-        ):
-            return None  # apply_entry re-anchors; direct callers simply skip the slot
         if not election.mark_sent(entry.name, token) or election.token() != token:
             return None
         if advance:

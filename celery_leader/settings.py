@@ -84,6 +84,11 @@ def default_name(conf: Mapping[str, Any], main: str | None) -> str:
     return name
 
 
+def default_queue(conf: Mapping[str, Any], main: str | None) -> str:
+    """``leader_queue``, else ``"<leader_name>.leader"``."""
+    return str(conf.get("leader_queue") or f"{default_name(conf, main)}.leader")
+
+
 def load_settings(
     conf: Mapping[str, Any], main: str | None = None, *, name_suffix: str = ""
 ) -> LeaderSettings:
@@ -113,7 +118,7 @@ def load_settings(
         _number(conf, "leader_store_timeout", None),
         renew_fraction=getattr(cls, "default_renew_fraction", 1 / 3),
     )
-    queue = conf.get("leader_queue") or f"{default_name(conf, main)}.leader"
+    queue = default_queue(conf, main)
     options = {
         key: conf.get(key)
         for key in (
@@ -128,7 +133,7 @@ def load_settings(
     ):
         options["leader_azure_connection_string"] = os.environ["AZURE_STORAGE_CONNECTION_STRING"]
     return LeaderSettings(
-        backend_url=url, name=name, queue=str(queue), timing=timing, store_options=options
+        backend_url=url, name=name, queue=queue, timing=timing, store_options=options
     )
 
 

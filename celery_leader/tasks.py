@@ -37,6 +37,7 @@ from celery.local import Proxy
 
 from celery_leader.exceptions import ConfigurationError, LeaseLost
 from celery_leader.runtime import eager_token, leader_run, shared_lease
+from celery_leader.settings import default_name, default_queue
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +56,7 @@ def _check_on_loss(on_loss: str | None) -> None:
 
 def leader_queue_for(app: Any) -> str:
     """The leader queue of *app* (``leader_queue``, else ``"<leader_name>.leader"``)."""
-    conf = app.conf
-    queue = conf.get("leader_queue")
-    if queue:
-        return str(queue)
-    return f"{conf.get('leader_name') or app.main or 'celery'}.leader"
+    return default_queue(app.conf, app.main)
 
 
 class LeaderTaskMixin:
@@ -80,7 +77,7 @@ class LeaderTaskMixin:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run under the lease: a last check in the pool child, then the task body."""
         request = self.request  # type: ignore[attr-defined]
-        name = str(self.app.conf.get("leader_name") or self.app.main or "celery")  # type: ignore[attr-defined]
+        name = default_name(self.app.conf, self.app.main)  # type: ignore[attr-defined]
         if request.is_eager or request.called_directly:
             # Eager runs hold no lease, unless a test forced one (celery_leader.testing):
             # then they see its token, and LeaseLost reaches the caller as it is.

@@ -145,10 +145,8 @@ class Coordinator:
 
     def admit(self) -> int | None:
         """The token to run a leader task under now, or None to hand it back."""
-        if self.stepping_down or self.shutting_down:
-            return None
         token = self.manager.current_token()
-        if token is None or not self.shared.valid_for(token):
+        if not self._taking_work() or token is None or not self.shared.valid_for(token):
             return None
         return token
 
@@ -158,9 +156,13 @@ class Coordinator:
 
     # -- leader queue (loop thread) -------------------------------------------
 
+    def _taking_work(self) -> bool:
+        """False while stepping down or shutting down: no new leader work then."""
+        return not (self.stepping_down or self.shutting_down)
+
     def should_consume(self) -> bool:
         """True when this worker should consume the leader queue now."""
-        return self.manager.is_leader() and not self.stepping_down and not self.shutting_down
+        return self._taking_work() and self.manager.is_leader()
 
     def sync_consumption(self) -> None:
         """Consume the leader queue exactly when leading. Loop thread only."""
@@ -169,10 +171,11 @@ class Coordinator:
             return
         queue = self.settings.queue
         consuming = consumer.task_consumer.consuming_from(queue)
-        if self.should_consume() and not consuming:
+        wanted = self.should_consume()
+        if wanted and not consuming:
             consumer.add_task_queue(queue)
             wake_redis_consumer(consumer)
-        elif not self.should_consume():
+        elif not wanted:
             if consuming:
                 consumer.cancel_task_queue(queue)
             else:
@@ -204,11 +207,18 @@ class Coordinator:
 
     # -- revocation -----------------------------------------------------------
 
-    def revoke(self, token: int) -> None:
-        """Stop all leader work of term *token*: now where it is urgent, the rest on the loop."""
+    def revoke(self, token: int, *, on_loop: bool = False) -> None:
+        """Stop all leader work of term *token*: now where it is urgent, the rest on the loop.
+
+        Pass *on_loop* when already on the consumer's loop thread (the waiting
+        messages are then handed back at once instead of being posted).
+        """
         self.shared.revoke()
         self.kill_terminate_runs(token)
-        self.post(lambda: self.hand_back_waiting(token))
+        if on_loop:
+            self.hand_back_waiting(token)
+        else:
+            self.post(lambda: self.hand_back_waiting(token))
 
     def policy_for(self, request: Any) -> str:
         """The on_loss policy that applies to *request* in this pool."""
@@ -268,9 +278,7 @@ class Coordinator:
             if self.stepping_down:
                 return {"ok": True, "token": token, "node": self.nodename}
             self.stepping_down = True
-        self.shared.revoke()
-        self.kill_terminate_runs(token)
-        self.hand_back_waiting(token)
+        self.revoke(token, on_loop=True)
         wait = self.settings.timing.ttl * 2 if timeout is None else timeout
         threading.Thread(
             target=self._finish_step_down,
@@ -311,8 +319,7 @@ class Coordinator:
         token = self.manager.current_token()
         if token is None:
             return
-        self.shared.revoke()
-        self.kill_terminate_runs(token)
+        self.revoke(token)  # the consumer is stopping: only the urgent part still runs
         threading.Thread(
             target=self._release_when_idle, name="celery-leader-shutdown", daemon=True
         ).start()
