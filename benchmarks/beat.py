@@ -1,6 +1,7 @@
 """Beat failover side by side: celery-leader, RedBeat and single-beat on real processes.
 
-Run from the repository root:  .venv/bin/python -m benchmarks.beat [--rounds 5] [--ttl 3]
+Run from the repository root:
+    .venv/bin/python -m benchmarks.beat [--rounds 10] [--ttl 3 10] [--json FILE]
 (needs ``pip install celery-redbeat single-beat`` in the venv).
 
 For each scheduler, two instances run (each a ``celery beat``, under a
@@ -15,10 +16,14 @@ redis-server (broker, lock or lease, history) per column, and the table shows:
   the first tick sent by the other instance (run by the worker), median, p90
   and worst over the rounds;
 * graceful handover: SIGTERM of the sending instance's main process to the
-  first tick sent by the other instance, median and worst;
+  first tick sent by the other instance, median, p90 and worst;
 * tick gap: the struck instance's last tick to the other's first, median of
   each column (1 s: no slot lost; a handover that loses nothing still waits
   0 to 1 s for the next slot, which the two columns above include).
+
+The tuned rows run once per ttl (``--ttl``, 3 s and 10 s by default), each
+peer set to that ttl as far as its settings allow; the rows at the peers'
+defaults ignore the ttl and run once.
 
 Each strike lands at a random point of the tick (and renewal) cycle. After
 each, the struck instance is replaced by a fresh one, which becomes the
@@ -26,7 +31,7 @@ standby. A wait is capped (``--cap``, 60 s): a row that reaches it is
 reported as "> 60 s" and that column stops there (its next rounds would only
 wait out the cap again). RedBeat at its defaults (a 25 min lock, polled every
 5 min) can only reach the cap, so its row runs in the background while the
-others run, to keep the whole run within a few minutes.
+others run, to keep the whole run shorter.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from typing import NamedTuple
 import celery
 import redis
 
+from benchmarks.stats import p90, to_json
 from tests.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,12 +142,21 @@ class Peer:
     ready: str  # log line of an instance that runs and competes
     single_beat: bool = False
     background: bool = False  # only waits out the cap: run next to the other rows
+    ttl: float | None = None  # the ttl it is tuned to (None: defaults, the same at any ttl)
+
+    @property
+    def key(self) -> str:
+        return self.label if self.ttl is None else f"{self.label}, ttl {self.ttl:g} s"
 
 
-def peers(ttl: float) -> list[Peer]:
-    lock = max(3, round(ttl))  # RedBeat and single-beat take whole seconds
+def peers(ttls: list[float]) -> list[Peer]:
+    """The tuned rows once per ttl, then the rows at their defaults (which ignore the ttl)."""
+    rows = [peer for ttl in ttls for peer in tuned_peers(ttl)]
+    return [*rows, *default_peers()]
 
-    def leader_env(port: int, name: str) -> dict[str, str]:
+
+def leader_env(ttl: float) -> Callable[[int, str], dict[str, str]]:
+    def env(port: int, name: str) -> dict[str, str]:
         return {
             "LEADER_BROKER": f"redis://127.0.0.1:{port}/0",
             "LEADER_STORE": f"redis://127.0.0.1:{port}/1",
@@ -151,77 +166,97 @@ def peers(ttl: float) -> list[Peer]:
             "LEADER_BEAT_EVERY": "1",
         }
 
-    def app_env(port: int, name: str) -> dict[str, str]:
-        return {
-            "BENCH_BROKER": f"redis://127.0.0.1:{port}/0",
-            "BENCH_HISTORY": f"redis://127.0.0.1:{port}/2",
-            "BENCH_NAME": name,
+    return env
+
+
+def app_env(port: int, name: str) -> dict[str, str]:
+    return {
+        "BENCH_BROKER": f"redis://127.0.0.1:{port}/0",
+        "BENCH_HISTORY": f"redis://127.0.0.1:{port}/2",
+        "BENCH_NAME": name,
+    }
+
+
+def redbeat_env(lock: int | None) -> Callable[[int, str], dict[str, str]]:
+    """RedBeat's environment: tuned to a *lock* timeout in seconds, or its defaults (None)."""
+
+    def env(port: int, name: str) -> dict[str, str]:
+        extra = {
+            "BENCH_SCHEDULER": "redbeat",
+            "BENCH_REDBEAT_REDIS": f"redis://127.0.0.1:{port}/3",
         }
+        if lock is not None:
+            extra["BENCH_REDBEAT_LOCK_TIMEOUT"] = str(lock)
+            extra["BENCH_MAX_INTERVAL"] = f"{lock / 3:g}"
+        return {**app_env(port, name), **extra}
 
-    def redbeat(tuned: bool) -> Callable[[int, str], dict[str, str]]:
-        def env(port: int, name: str) -> dict[str, str]:
-            extra = {
-                "BENCH_SCHEDULER": "redbeat",
-                "BENCH_REDBEAT_REDIS": f"redis://127.0.0.1:{port}/3",
-            }
-            if tuned:
-                extra["BENCH_REDBEAT_LOCK_TIMEOUT"] = str(lock)
-                extra["BENCH_MAX_INTERVAL"] = f"{lock / 3:g}"
-            return {**app_env(port, name), **extra}
+    return env
 
-        return env
 
-    def single_beat(tuned: bool) -> Callable[[int, str], dict[str, str]]:
-        def env(port: int, name: str) -> dict[str, str]:
-            extra = {
-                "BENCH_SCHEDULER": "persistent",
-                "SINGLE_BEAT_REDIS_SERVER": f"redis://127.0.0.1:{port}/4",
-                "SINGLE_BEAT_IDENTIFIER": f"bench-{name}",
-                "SINGLE_BEAT_LOG_LEVEL": "debug",  # "timer called": the wrapper competes
-            }
-            if tuned:
-                extra["SINGLE_BEAT_LOCK_TIME"] = str(lock)
-                extra["SINGLE_BEAT_HEARTBEAT_INTERVAL"] = "1"
-            return {**app_env(port, name), **extra}
+def single_beat_env(lock: int | None) -> Callable[[int, str], dict[str, str]]:
+    """single-beat's environment: tuned to a *lock* time in seconds, or its defaults (None)."""
 
-        return env
+    def env(port: int, name: str) -> dict[str, str]:
+        extra = {
+            "BENCH_SCHEDULER": "persistent",
+            "SINGLE_BEAT_REDIS_SERVER": f"redis://127.0.0.1:{port}/4",
+            "SINGLE_BEAT_IDENTIFIER": f"bench-{name}",
+            "SINGLE_BEAT_LOG_LEVEL": "debug",  # "timer called": the wrapper competes
+        }
+        if lock is not None:
+            extra["SINGLE_BEAT_LOCK_TIME"] = str(lock)
+            extra["SINGLE_BEAT_HEARTBEAT_INTERVAL"] = "1"
+        return {**app_env(port, name), **extra}
 
+    return env
+
+
+def tuned_peers(ttl: float) -> list[Peer]:
+    lock = max(3, round(ttl))  # RedBeat and single-beat take whole seconds
     return [
         Peer(
             "celery-leader",
-            f"LeaderScheduler over PersistentScheduler, ttl {ttl:g} s (renew every {ttl / 3:g} s)",
+            f"LeaderScheduler over PersistentScheduler (renew every {ttl / 3:.3g} s)",
             "tests.integration.leaderapp",
-            leader_env,
+            leader_env(ttl),
             "celery-leader beat: election",
+            ttl=ttl,
         ),
         Peer(
             "RedBeat, tuned",
-            f"redbeat_lock_timeout={lock}, beat_max_loop_interval={lock / 3:g}",
+            f"redbeat_lock_timeout={lock}, beat_max_loop_interval={lock / 3:.3g}",
             "benchmarks.beatapps",
-            redbeat(tuned=True),
+            redbeat_env(lock),
             "beat: Starting...",
-        ),
-        Peer(
-            "RedBeat, defaults",
-            "lock_timeout = 5 x max interval (300 s) = 1500 s; standby retries every 300 s",
-            "benchmarks.beatapps",
-            redbeat(tuned=False),
-            "beat: Starting...",
-            background=True,
+            ttl=ttl,
         ),
         Peer(
             "single-beat, tuned",
             f"SINGLE_BEAT_LOCK_TIME={lock}, HEARTBEAT_INTERVAL=1",
             "benchmarks.beatapps",
-            single_beat(tuned=True),
+            single_beat_env(lock),
             "timer called",
             single_beat=True,
+            ttl=ttl,
+        ),
+    ]
+
+
+def default_peers() -> list[Peer]:
+    return [
+        Peer(
+            "RedBeat, defaults",
+            "lock_timeout = 5 x max interval (300 s) = 1500 s; standby retries every 300 s",
+            "benchmarks.beatapps",
+            redbeat_env(None),
+            "beat: Starting...",
+            background=True,
         ),
         Peer(
             "single-beat, defaults",
             "LOCK_TIME=5, HEARTBEAT_INTERVAL=1 (INITIAL_LOCK_TIME=10)",
             "benchmarks.beatapps",
-            single_beat(tuned=False),
+            single_beat_env(None),
             "timer called",
             single_beat=True,
         ),
@@ -406,12 +441,6 @@ def measure(
     return results
 
 
-def p90(values: list[float]) -> float:
-    """Nearest-rank 90th percentile (with 5 or fewer rounds: the worst)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
-
-
 def cell(value: float, cap: float) -> str:
     return f"> {cap:g} s" if math.isinf(value) else f"{value:.2f} s"
 
@@ -438,7 +467,7 @@ def run_all(tmp: Path, rows: list[Peer], rounds: int, cap: float) -> Results:
             for crash in (True, False) if peer.background else ():
                 event = threading.Event()
                 armed.append(event)
-                futures[peer.label, crash] = pool.submit(
+                futures[peer.key, crash] = pool.submit(
                     measure,
                     tmp / f"{i}-{crash}",
                     peer,
@@ -453,10 +482,10 @@ def run_all(tmp: Path, rows: list[Peer], rounds: int, cap: float) -> Results:
         for i, peer in enumerate(rows):
             for crash in () if peer.background else (True, False):
                 values = measure(tmp / f"{i}-{crash}", peer, crash=crash, rounds=rounds, cap=cap)
-                results[peer.label, crash] = values
+                results[peer.key, crash] = values
                 column = "crash" if crash else "graceful"
                 took = [round(r.took, 2) for r in values]
-                print(f"{peer.label}, {column}: {took}", flush=True)
+                print(f"{peer.key}, {column}: {took}", flush=True)
         for key, future in futures.items():
             results[key] = future.result()
     finally:
@@ -471,31 +500,47 @@ def run_all(tmp: Path, rows: list[Peer], rounds: int, cap: float) -> Results:
 
 def print_table(rows: list[Peer], results: Results, rounds: int, cap: float) -> None:
     print(
-        "| scheduler | settings | crash: median | p90 | worst | graceful: median | worst "
-        f"| tick gap, median: crash / graceful | rounds (of {rounds}) |"
+        "| scheduler | ttl | settings | crash: median | p90 | worst | graceful: median | p90 "
+        f"| worst | tick gap, median: crash / graceful | rounds (of {rounds}) |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for peer in rows:
-        crash = [r.took for r in results[peer.label, True]]
-        graceful = [r.took for r in results[peer.label, False]]
+        crash = [r.took for r in results[peer.key, True]]
+        graceful = [r.took for r in results[peer.key, False]]
         gaps = [
-            cell(statistics.median([r.gap for r in results[peer.label, kind]]), cap)
+            cell(statistics.median([r.gap for r in results[peer.key, kind]]), cap)
             for kind in (True, False)
         ]
+        ttl = "any" if peer.ttl is None else f"{peer.ttl:g} s"
         print(
-            f"| {peer.label} | {peer.settings} "
+            f"| {peer.label} | {ttl} | {peer.settings} "
             f"| {cell(statistics.median(crash), cap)} | {cell(p90(crash), cap)} "
             f"| {cell(max(crash), cap)} "
-            f"| {cell(statistics.median(graceful), cap)} | {cell(max(graceful), cap)} "
+            f"| {cell(statistics.median(graceful), cap)} | {cell(p90(graceful), cap)} "
+            f"| {cell(max(graceful), cap)} "
             f"| {gaps[0]} / {gaps[1]} | {len(crash)} / {len(graceful)} |"
         )
 
 
+def figures(rows: list[Peer], results: Results) -> dict[str, dict[str, object]]:
+    """The raw seconds per row and column, for benchmarks.report (null: reached the cap)."""
+    return {
+        peer.key: {
+            "label": peer.label,
+            "ttl": peer.ttl,
+            "crash": to_json([r.took for r in results[peer.key, True]]),
+            "graceful": to_json([r.took for r in results[peer.key, False]]),
+        }
+        for peer in rows
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--ttl", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--ttl", type=float, nargs="+", default=[3.0, 10.0])
     parser.add_argument("--cap", type=float, default=60.0, help="longest wait for one failover")
+    parser.add_argument("--json", type=Path, help="also write the raw figures here")
     args = parser.parse_args()
     if not (BIN / "single-beat").exists():
         sys.exit("single-beat is not installed: .venv/bin/pip install celery-redbeat single-beat")
@@ -504,8 +549,14 @@ def main() -> None:
     rows = peers(args.ttl)
     with tempfile.TemporaryDirectory() as tmp_name:
         results = run_all(Path(tmp_name), rows, args.rounds, args.cap)
+    # Where the raw figures went (a temporary file of the report) is no setting: not shown.
+    shown, skip = [], False
+    for arg in sys.argv[1:]:
+        if not skip and not arg.startswith("--json"):
+            shown.append(arg)
+        skip = arg == "--json"
     command = shlex.join(
-        [os.path.relpath(sys.executable, Path.cwd()), "-m", "benchmarks.beat", *sys.argv[1:]]
+        [os.path.relpath(sys.executable, Path.cwd()), "-m", "benchmarks.beat", *shown]
     )
     print(f"\ncommand: {command}  (took {time.monotonic() - started:.0f} s)")
     print(
@@ -518,6 +569,8 @@ def main() -> None:
         "the signal to the first tick sent by the other instance (as run by the worker)\n"
     )
     print_table(rows, results, args.rounds, args.cap)
+    if args.json:
+        args.json.write_text(json.dumps({"beat": figures(rows, results), "cap": args.cap}))
     print(
         "\ncrash: SIGKILL of the sending instance's process group; graceful: SIGTERM of its "
         "main process. With one tick a second, even a handover that loses nothing waits for "

@@ -6,8 +6,10 @@ Prints a table:
 * takeover after crash: SIGKILL of the leading process to ELECTED on another
   (median and worst over the rounds);
 * handover after graceful stop: SIGTERM of the leader to ELECTED on another;
-* store load at steady state: Redis commands per second with 1 leader and 50
-  followers (each its own client), measured from the server's own counters.
+* store load at steady state: Redis commands per second with 1 leader and 50,
+  then 200, followers (each its own client, spread over a few processes),
+  measured from the server's own counters, and the time to elect a leader
+  when all of them start at one instant on a warm store.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from pathlib import Path
 
 import redis
 
+from benchmarks.stats import p90
+from benchmarks.swarm import swarm
 from celery_leader.demo.group import NodeGroup
-from celery_leader.lease import LeaseManager
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
-from celery_leader.timing import LeaseTiming
 from tests.servers import RedisServer
 
 
@@ -69,73 +71,44 @@ def failover_rounds(url: str, ttl: float, rounds: int, sig: int) -> list[float]:
     return times
 
 
-def store_load(url: str, ttl: float, followers: int, seconds: float) -> tuple[float, float]:
-    """Redis commands/s and lease scripts/s at steady state with 1 leader + *followers*."""
-    timing = LeaseTiming.create(ttl)
-    name = "bench-load"
+def _evalsha_calls(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def store_load(
+    url: str, ttl: float, followers: int, seconds: float, processes: int
+) -> tuple[float, float, float]:
+    """(time to elect, commands/s, lease scripts/s) with 1 leader + *followers* managers.
+
+    The managers run in *processes* child processes and start at one instant;
+    the load is read from the server's own counters at steady state.
+    """
+    name = f"bench-load-{followers}"
     warm(url, name)
-    managers = []
-    for i in range(followers + 1):
-        store = open_store(url, timeout=timing.op_timeout)
-        managers.append(LeaseManager(store, name, timing, holder=Holder.for_this_process(f"m{i}")))
-    for manager in managers:
-        manager.start()
     client = redis.Redis.from_url(url)
     try:
-        deadline = time.monotonic() + ttl * 3 + 5
-        while not any(m.is_leader() for m in managers) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(ttl)  # settle into steady state
-        before = client.info("stats")["total_commands_processed"]
-        scripts_before = client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
-        time.sleep(seconds)
-        after = client.info("stats")["total_commands_processed"]
-        scripts_after = client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
-        # Our own two INFO calls between the readings count too: leave them out.
-        commands = (after - before - 2) / seconds
-        scripts = (scripts_after - scripts_before) / seconds
+        with swarm(url, name, ttl, followers + 1, processes) as running:
+            elect = running.first_election(timeout=ttl * 3 + 10)
+            time.sleep(ttl)  # settle into steady state
+            before = client.info("stats")["total_commands_processed"]
+            scripts_before = _evalsha_calls(client)
+            time.sleep(seconds)
+            after = client.info("stats")["total_commands_processed"]
+            scripts_after = _evalsha_calls(client)
     finally:
-        for manager in managers:
-            manager.stop(timeout=2)
-            manager.store.close()
         client.close()
-    return commands, scripts
-
-
-def election_time(url: str, ttl: float, contenders: int) -> float:
-    """Seconds from starting *contenders* managers at once (warm store) to the first leader."""
-    timing = LeaseTiming.create(ttl)
-    name = f"bench-elect-{contenders}"
-    warm(url, name)
-    managers = [
-        LeaseManager(
-            open_store(url, timeout=timing.op_timeout),
-            name,
-            timing,
-            holder=Holder.for_this_process(f"c{i}"),
-        )
-        for i in range(contenders)
-    ]
-    started = time.monotonic()
-    for manager in managers:
-        manager.start()
-    try:
-        while not any(m.is_leader() for m in managers):
-            if time.monotonic() - started > ttl * 3 + 10:
-                raise RuntimeError("no leader elected")
-            time.sleep(0.001)
-        return time.monotonic() - started
-    finally:
-        for manager in managers:
-            manager.stop(timeout=2)
-            manager.store.close()
+    # Our own INFO calls between the readings count too: leave them out.
+    commands = (after - before - 2) / seconds
+    scripts = (scripts_after - scripts_before) / seconds
+    return elect, commands, scripts
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--ttl", type=float, default=3.0)
-    parser.add_argument("--followers", type=int, default=50)
+    parser.add_argument("--followers", type=int, nargs="+", default=[50, 200])
+    parser.add_argument("--processes", type=int, default=4, help="the managers' processes")
     parser.add_argument("--seconds", type=float, default=15.0)
     args = parser.parse_args()
     if shutil.which("redis-server") is None:
@@ -145,9 +118,10 @@ def main() -> None:
         try:
             crash = failover_rounds(server.url, args.ttl, args.rounds, signal.SIGKILL)
             graceful = failover_rounds(server.url, args.ttl, args.rounds, signal.SIGTERM)
-            commands, scripts = store_load(server.url, args.ttl, args.followers, args.seconds)
-            big_commands, big_scripts = store_load(server.url, args.ttl, 200, args.seconds)
-            elect = election_time(server.url, args.ttl, 200)
+            loads = {
+                followers: store_load(server.url, args.ttl, followers, args.seconds, args.processes)
+                for followers in args.followers
+            }
         finally:
             server.stop()
     version = (
@@ -156,22 +130,29 @@ def main() -> None:
         .removeprefix("v=")
     )
     print(f"\nlease core on redis-server {version}, ttl {args.ttl:g} s, {args.rounds} rounds\n")
-    print(f"| {'measure':<52} | {'median':>8} | {'worst':>8} |")
-    print(f"|{'-' * 54}|{'-' * 10}|{'-' * 10}|")
+    print(f"| {'measure':<52} | {'median':>8} | {'p90':>8} | {'worst':>8} |")
+    print(f"|{'-' * 54}|{'-' * 10}|{'-' * 10}|{'-' * 10}|")
     for label, values in (
         ("takeover after crash (SIGKILL -> elected), s", crash),
         ("handover after stop (SIGTERM -> elected), s", graceful),
     ):
-        print(f"| {label:<52} | {statistics.median(values):8.3f} | {max(values):8.3f} |")
-    label = f"store load, 1 leader + {args.followers} followers"
-    print(f"| {label + ', round trips/s':<52} | {scripts:8.1f} | {'':>8} |")
-    print(f"| {label + ', commands/s':<52} | {commands:8.1f} | {'':>8} |")
-    label = "store load, 1 leader + 200 followers"
-    print(f"| {label + ', round trips/s':<52} | {big_scripts:8.1f} | {'':>8} |")
-    print(f"| {label + ', commands/s':<52} | {big_commands:8.1f} | {'':>8} |")
-    print(f"| {'time to elect among 200 (start -> leader), s':<52} | {elect:8.3f} | {'':>8} |")
-    print("\n(commands/s counts the commands inside the Lua scripts as well; the 200")
-    print(" managers run as threads of one process, each with its own connection)")
+        print(
+            f"| {label:<52} | {statistics.median(values):8.3f} | {p90(values):8.3f} "
+            f"| {max(values):8.3f} |"
+        )
+    for followers, (elect, commands, scripts) in loads.items():
+        label = f"1 leader + {followers} followers"
+        for what, value in (
+            (f"store load, {label}, round trips/s", f"{scripts:8.1f}"),
+            (f"store load, {label}, commands/s", f"{commands:8.1f}"),
+            (f"time to elect among {followers + 1} (start -> leader), s", f"{elect:8.3f}"),
+        ):
+            print(f"| {what:<52} | {value} | {'':>8} | {'':>8} |")
+    print(
+        "\n(commands/s counts the commands inside the Lua scripts as well; the managers run"
+        f" in {args.processes} processes that start them at one instant, each manager with"
+        " its own connection)"
+    )
     print(
         f"\ngoal: takeover worst <= ttl + renew_interval + 1 s = "
         f"{args.ttl + args.ttl / 3 + 1:.2f} s"

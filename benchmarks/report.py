@@ -5,62 +5,39 @@ Run from the repository root:  .venv/bin/python -m benchmarks.report
 Needs the ``bench`` extra (matplotlib for the chart, the peers RedBeat and
 single-beat for the beat comparison). Each benchmark prints a markdown table;
 this script keeps those tables verbatim, adds the machine, the versions and
-the command, and draws the crash failover rows (median and worst) as a PNG.
+the command, puts the failover figures side by side as ratios ours / theirs
+at the top (benchmarks/headline.py), keeps every round's figures in
+docs/benchmarks.json and draws them as docs/failover.png
+(benchmarks/chart.py; ``--chart-only`` redraws it from that JSON).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
-import re
 import subprocess
 import sys
+import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
+
+from benchmarks import chart
+from benchmarks.headline import headline
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
+FIGURES = DOCS / "benchmarks.json"
+# (title, module, writes JSON figures for the headline and the chart)
 BENCHMARKS = [
-    ("Lease core (Redis)", ["benchmarks.lease"]),
-    ("Workers end to end (Redis broker and store)", ["benchmarks.workers"]),
-    ("Azure Blob store (Azurite)", ["benchmarks.azure"]),
-    ("Beat failover, side by side with RedBeat and single-beat", ["benchmarks.beat"]),
-    ("Per-call cost, side by side with celery-once and celery-singleton", ["benchmarks.gate"]),
+    ("Lease core (Redis)", "benchmarks.lease", False),
+    ("Workers end to end (Redis broker and store)", "benchmarks.workers", True),
+    ("Azure Blob store (Azurite)", "benchmarks.azure", False),
+    ("Beat failover, side by side with RedBeat and single-beat", "benchmarks.beat", True),
+    ("Per-call cost, side by side with celery-once and celery-singleton", "benchmarks.gate", False),
 ]
-NUMBER = re.compile(r"^(?:[\d.]+)(?: s)?$")
-
-
-def failover_rows(markdown: str) -> list[tuple[str, float, float]]:
-    """(label, median, worst) of every crash-failover row in the benchmark tables.
-
-    Rows of the beat table (header "crash: median | p90 | worst") are all
-    crash rows; elsewhere, rows whose label says crash, failover or takeover.
-    """
-    rows, beat_table, section = [], False, ""
-    for line in markdown.splitlines():
-        if line.startswith("## "):
-            section = line[3:].split("(")[0].split(",")[0].strip()
-        if not line.startswith("|"):
-            beat_table = beat_table and bool(line.strip())
-            continue
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if "crash: median" in line:
-            beat_table = True
-            continue
-        numbers = [float(c.removesuffix(" s")) for c in cells if NUMBER.match(c)]
-        if not numbers:
-            continue
-        if beat_table and len(numbers) >= 3:
-            rows.append((f"beat: {cells[0]} ({cells[1]})"[:58], numbers[0], numbers[2]))
-        elif (
-            not beat_table
-            and re.search(r"crash|failover|takeover", cells[0], re.I)
-            and not cells[0].startswith("of which")
-            and len(numbers) >= 2
-        ):
-            rows.append((f"{section}: {cells[0]}"[:58], numbers[0], numbers[1]))
-    return rows
 
 
 def _version(name: str) -> str:
@@ -102,65 +79,67 @@ def machine() -> list[str]:
     ]
 
 
-def chart(rows: list[tuple[str, float, float]], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+def draw_chart(figures: dict[str, Any]) -> bool:
+    beat, workers = figures.get("benchmarks.beat"), figures.get("benchmarks.workers")
+    if beat is None:
         return False
-    labels = [label for label, _, _ in rows]
-    fig, ax = plt.subplots(figsize=(10, 0.5 * len(rows) + 1.5))
-    y = range(len(rows))
-    ax.barh(
-        [i + 0.2 for i in y], [w for _, _, w in rows], height=0.4, label="worst", color="#d98c8c"
-    )
-    ax.barh(
-        [i - 0.2 for i in y], [m for _, m, _ in rows], height=0.4, label="median", color="#4c72b0"
-    )
-    ax.set_yticks(list(y), labels, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds from SIGKILL to the first work of the new holder")
-    ax.set_title("Crash failover, this machine, one run")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return True
+    return chart.draw(chart.series(beat, workers), float(beat["cap"]), DOCS / "failover.png")
+
+
+def run(module: str, json_out: Path | None) -> tuple[str, dict[str, Any] | None]:
+    """A benchmark's printed tables (or the tail of its error), and its JSON figures."""
+    args = [sys.executable, "-m", module]
+    if json_out is not None:
+        args += ["--json", str(json_out)]
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False)
+    output = proc.stdout.strip() or proc.stderr.strip()[-2000:]
+    if proc.returncode != 0:
+        output += f"\n\n(exited {proc.returncode}: {proc.stderr.strip()[-1500:]})"
+    figures = None
+    if json_out is not None and json_out.exists():
+        figures = json.loads(json_out.read_text())
+    return output, figures
 
 
 def main() -> None:
     DOCS.mkdir(exist_ok=True)
     if "--chart-only" in sys.argv:
-        rows = failover_rows((DOCS / "benchmarks.md").read_text())
-        chart(rows, DOCS / "failover.png")
-        print(f"drew {len(rows)} rows into {DOCS / 'failover.png'}")
+        drew = draw_chart(json.loads(FIGURES.read_text()))
+        print(f"drew {DOCS / 'failover.png'}" if drew else "nothing drawn (no matplotlib?)")
         return
-    sections = []
-    for title, module in BENCHMARKS:
-        print(f"running {module[0]} ...", flush=True)
-        proc = subprocess.run(
-            [sys.executable, "-m", *module], cwd=ROOT, capture_output=True, text=True, check=False
-        )
-        output = proc.stdout.strip() or proc.stderr.strip()[-2000:]
-        sections.append(f"## {title}\n\n`python -m {' '.join(module)}`\n\n{output}\n")
-    png = DOCS / "failover.png"
-    drew = chart(failover_rows("\n".join(sections)), png)
+    sections, figures = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for title, module, has_json in BENCHMARKS:
+            print(f"running {module} ...", flush=True)
+            output, data = run(module, Path(tmp) / f"{module}.json" if has_json else None)
+            if data is not None:
+                figures[module] = data
+            sections.append(f"## {title}\n\n`python -m {module}`\n\n{output}\n")
+    FIGURES.write_text(json.dumps(figures, indent=1) + "\n")
+    drew = draw_chart(figures)
     head = [
         "# Benchmarks",
         "",
         f"Measured on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC with "
-        "`.venv/bin/python -m benchmarks.report` (which runs each command below).",
+        "`.venv/bin/python -m benchmarks.report` (which runs each command below; "
+        "the raw figures per round are in benchmarks.json).",
         "Timings are from one run on a small shared machine: read them as orders of",
         "magnitude and ratios, not as guarantees.",
         "",
         *machine(),
         "",
     ]
+    if "benchmarks.beat" in figures:
+        head += [
+            "## Headline: failover, ours / theirs",
+            "",
+            headline(figures["benchmarks.beat"], figures.get("benchmarks.workers")),
+            "",
+        ]
     if drew:
-        head += ["![crash failover per system](failover.png)", ""]
+        head += ["![failover per round, per system](failover.png)", ""]
     (DOCS / "benchmarks.md").write_text("\n".join(head) + "\n" + "\n".join(sections))
-    print(f"wrote {DOCS / 'benchmarks.md'}" + (f" and {png}" if drew else ""))
+    print(f"wrote {DOCS / 'benchmarks.md'}, {FIGURES}" + (" and failover.png" if drew else ""))
 
 
 if __name__ == "__main__":
