@@ -30,9 +30,10 @@ test_services() {
     command -v npm >/dev/null || apt_install nodejs npm
     npm ci --no-audit --no-fund --loglevel=error
   fi
-  # The RabbitMQ broker tests use the machine's RabbitMQ on 127.0.0.1:5672 (guest/guest).
+  # The chaos suite starts (and restarts) RabbitMQ nodes of its own: it needs the server.
+  [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || apt_install rabbitmq-server
+  # The other RabbitMQ broker tests use the machine's RabbitMQ on 127.0.0.1:5672 (guest/guest).
   if ! port_open 5672; then
-    command -v rabbitmq-server >/dev/null || apt_install rabbitmq-server
     as_root rabbitmq-server -detached >/dev/null 2>&1 || true
     for _ in $(seq 1 120); do port_open 5672 && break; sleep 1; done
     port_open 5672 || { echo "RabbitMQ did not start on 127.0.0.1:5672" >&2; exit 1; }

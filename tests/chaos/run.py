@@ -5,10 +5,19 @@ tests/integration/leaderapp.py (one reaches the lease store through a
 fault-injecting proxy), streams leader-only ``chaos_work`` tasks, and keeps
 injecting faults: SIGKILL, SIGSTOP-past-the-ttl and SIGTERM of the leader,
 restarting the lease Redis empty, pausing it past the ttl, cutting one
-worker off the store (blackhole) and healing it, and restarting the Redis
-broker (with its append-only file, so it keeps its messages). The history of
+worker off the store (blackhole) and healing it, and restarting the broker
+with its messages: the Redis broker with its append-only file, or a private
+RabbitMQ node (tests.servers.RabbitMQServer, never the machine's) with its
+data dir, so durable queues keep their persistent messages. The first faults
+are every kind once, in a seeded order, so even a short run restarts the
+broker; then the kinds are drawn at random from the seed. The history of
 runs lives in a Redis of its own that no fault touches; the checker
 (tests/chaos/checker.py) judges it.
+
+With RabbitMQ nothing may be lost: the client publishes with publisher
+confirms, so ``send_task`` returns (and the message counts as sent) only
+once the broker has taken the message; a publish cut off by a restart
+raises and is sent again.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,8 +41,8 @@ from celery_leader.exceptions import StoreError
 from celery_leader.stores import open_store
 from tests.chaos.checker import Summary, check
 from tests.chaos.proxy import FaultProxy
-from tests.integration.conftest import RABBITMQ_URL, ROOT, TASKS, Worker
-from tests.servers import RedisServer
+from tests.integration.conftest import ROOT, TASKS, Worker
+from tests.servers import RabbitMQServer, RedisServer
 
 
 @dataclass
@@ -48,18 +58,30 @@ class ChaosRun:
     def __init__(self, config: ChaosConfig, tmp: Path, log: Callable[[str], None]) -> None:
         self.config, self.tmp, self.log = config, tmp, log
         self.rng = random.Random(config.seed)
+        # The sender thread draws its own numbers: sharing self.rng would make
+        # the fault schedule depend on thread timing, not on the seed alone.
+        self.send_rng = random.Random(config.seed + 1)
         for sub in ("history", "broker", "store", "workers"):
             (tmp / sub).mkdir(parents=True, exist_ok=True)
-        self.history = RedisServer(tmp / "history").start()
-        self.broker = None
-        if config.broker == "redis":
-            self.broker = RedisServer(
-                tmp / "broker", extra=["--appendonly", "yes", "--appendfsync", "always"]
-            ).start()
-        self.store = RedisServer(tmp / "store").start()
-        self.proxy = FaultProxy(self.store.port)
+        # close() cannot run on a half-built run: stop what started if a
+        # later server fails (a stray RabbitMQ node would outlive the test).
+        with ExitStack() as started:
+            self.broker: RedisServer | RabbitMQServer
+            if config.broker == "rabbitmq":
+                self.broker = RabbitMQServer(tmp / "broker").start()
+            else:
+                self.broker = RedisServer(
+                    tmp / "broker", extra=["--appendonly", "yes", "--appendfsync", "always"]
+                ).start()
+            started.callback(self.broker.stop)
+            self.history = RedisServer(tmp / "history").start()
+            started.callback(self.history.stop)
+            self.store = RedisServer(tmp / "store").start()
+            started.callback(self.store.stop)
+            self.proxy = FaultProxy(self.store.port)
+            started.pop_all()
         self.name = f"chaos{uuid.uuid4().hex[:8]}"
-        broker_url = self.broker.url if self.broker else RABBITMQ_URL
+        broker_url = self.broker.url
         self.env = {
             **os.environ,
             "LEADER_BROKER": broker_url,
@@ -73,10 +95,19 @@ class ChaosRun:
         self.workers: dict[int, Worker] = {}
         self.generation = 0
         self.client = Celery("chaos-client", broker=broker_url)
+        transport_options: dict[str, object] = {"visibility_timeout": 4}
+        if config.broker == "rabbitmq":
+            # Without confirms, basic.publish returns once the bytes are in
+            # the socket: a message published just before the broker goes
+            # down would count as sent and never arrive. With them,
+            # send_task returns only after the broker's ack (for a
+            # persistent message to a durable queue: once it is on disk),
+            # and an unconfirmed publish raises, so the loop sends it again.
+            transport_options["confirm_publish"] = True
         self.client.conf.update(
             leader_name=self.name,
             task_default_queue=f"{self.name}.default",
-            broker_transport_options={"visibility_timeout": 4},
+            broker_transport_options=transport_options,
             broker_connection_retry=True,
         )
         install(self.client, tasks=[f"{TASKS}.chaos_work"])
@@ -122,7 +153,7 @@ class ChaosRun:
 
     def _send_loop(self) -> None:
         while not self._stop.is_set():
-            duration = self.rng.uniform(0.02, 0.2)
+            duration = self.send_rng.uniform(0.02, 0.2)
             try:
                 self.client.send_task(f"{TASKS}.chaos_work", args=(self.sent, duration))
             except Exception:  # noqa: BLE001 - the broker may be restarting: not sent, retry
@@ -174,8 +205,9 @@ class ChaosRun:
         return f"worker 0 cut off the lease store ({mode}), then healed"
 
     def fault_restart_broker(self) -> str:
-        if self.broker is None:
-            return "broker restart skipped (RabbitMQ is the machine's)"
+        if isinstance(self.broker, RabbitMQServer):
+            self.broker.restart()  # same data dir: durable queues keep their messages
+            return "RabbitMQ broker restarted"
         self.broker.restart_empty()  # appendonly: it comes back with its messages
         return "Redis broker restarted"
 
@@ -198,11 +230,14 @@ class ChaosRun:
             worker.wait_ready(60)
         sender = threading.Thread(target=self._send_loop, daemon=True)
         sender.start()
+        # Every kind once first, so a short run sees each (the broker restart
+        # included); the order and the rest still come from the seed alone.
+        first = self.rng.sample(faults, len(faults))
         started = time.monotonic()
         try:
             while time.monotonic() - started < self.config.seconds:
                 time.sleep(self.rng.uniform(1.0, 3.0))
-                fault = self.rng.choice(faults)
+                fault = first.pop(0) if first else self.rng.choice(faults)
                 what = fault()
                 self.log(f"  [{time.monotonic() - started:6.1f}s] {what}")
                 time.sleep(self.rng.uniform(0.5, 1.5))
@@ -235,16 +270,17 @@ class ChaosRun:
         return [json.loads(x) for x in client.lrange("history", 0, -1)]
 
     def close(self) -> None:
-        for worker in self.workers.values():
-            worker.signal(signal.SIGCONT)
-            worker.signal(signal.SIGKILL)
-        for worker in self.workers.values():
-            worker.proc.wait(10)
-        self.client.close()
-        self.lease_reader.close()
-        self.proxy.close()
-        for server in (self.history, self.broker, self.store):
-            if server is not None:
+        try:
+            for worker in self.workers.values():
+                worker.signal(signal.SIGCONT)
+                worker.signal(signal.SIGKILL)
+            for worker in self.workers.values():
+                worker.proc.wait(10)
+            self.client.close()
+            self.lease_reader.close()
+            self.proxy.close()
+        finally:  # whatever failed above, no server (a RabbitMQ node least of all) outlives us
+            for server in (self.history, self.broker, self.store):
                 server.stop()
 
 
