@@ -26,15 +26,37 @@ SQL, with a ``fence_token`` column on the row you write::
 
 (Insert the row once with ``fence_token = 0``; the comparison and the write
 are one statement, so they are atomic.)
+
+A read-modify-write of several Redis keys, with :meth:`RedisFence.transaction`::
+
+    def add_day(pipe):
+        total = int(pipe.get("totals:month") or 0)   # reads run at once
+        pipe.multi()                                  # then queue the writes
+        pipe.set("totals:month", total + today)
+        pipe.delete("pending:today")
+
+    fence.transaction("totals", self.request.leader_token, add_day, "totals:month")
+
+The writes are applied, together with the fence, only if no newer token was
+admitted and no watched key changed since the reads; otherwise the function
+runs again on fresh reads, or :class:`StaleTokenError` is raised once a newer
+leader has been admitted.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from celery_leader.exceptions import StaleTokenError
 
+T = TypeVar("T")
+
 KEY_PREFIX = "celery-leader:fence:"
+
+
+def _stale(token: int, highest: bytes | str | None) -> bool:
+    return highest is not None and int(token) < int(highest)
 
 
 def _decimal(token: int) -> str:
@@ -89,3 +111,44 @@ class RedisFence:
         """The highest token admitted for *resource* so far (0 if none)."""
         value = self._client.get(self._fence_key(resource))
         return int(value or 0)
+
+    def transaction(
+        self,
+        resource: str,
+        token: int,
+        func: Callable[[Any], T],
+        *watches: str,
+    ) -> T:
+        """Run *func*'s writes as one MULTI/EXEC that only lands under a current token.
+
+        *func* receives a redis-py pipeline with the fence key of *resource*
+        and every key in *watches* under WATCH. It reads with immediate
+        commands, then calls ``pipe.multi()`` and queues its writes (the
+        same contract as redis-py's ``Redis.transaction``; a *func* that
+        never calls ``multi()`` gets it called after it returns, so it must
+        then issue no writes itself). The fence is raised to *token* in the
+        same transaction.
+
+        Guarantees: the writes land atomically, and only if *token* was not
+        older than the highest admitted for *resource* and neither the fence
+        nor a watched key changed between the reads and EXEC. On such a
+        change *func* runs again; once a newer token has been admitted,
+        :class:`StaleTokenError` is raised and nothing is written. Returns
+        what the last run of *func* returned. Assumes every writer of the
+        watched keys goes through this fence (or at least changes them
+        visibly to WATCH).
+        """
+        fence_key = self._fence_key(resource)
+        decimal = _decimal(token)
+
+        def attempt(pipe: Any) -> T:
+            if _stale(token, pipe.get(fence_key)):
+                raise StaleTokenError(resource, token)
+            result = func(pipe)
+            if not pipe.explicit_transaction:
+                pipe.multi()
+            pipe.set(fence_key, decimal)
+            return result
+
+        result: T = self._client.transaction(attempt, fence_key, *watches, value_from_callable=True)
+        return result

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -130,3 +130,93 @@ def test_tokens_beyond_double_precision_compare_exactly(redis_server):
     assert fence.admit("huge", big + 1)
     assert not fence.admit("huge", big)
     assert fence.highest("huge") == big + 1
+
+
+def add_to_total(amount: int, *, before_multi=None):
+    """A read-modify-write for RedisFence.transaction: total += amount, pending cleared."""
+
+    def body(pipe):
+        total = int(pipe.get("total") or 0)
+        if before_multi is not None:
+            before_multi()
+        pipe.multi()
+        pipe.set("total", total + amount)
+        pipe.delete("pending")
+        return total + amount
+
+    return body
+
+
+def test_transaction_writes_and_raises_the_fence(fence: RedisFence, client: redis.Redis) -> None:
+    """A current token's read-modify-write lands in full and the fence moves to its token."""
+    client.set("total", 10)
+    client.set("pending", 1)
+    assert fence.transaction("totals", 4, add_to_total(5), "total") == 15
+    assert client.get("total") == b"15"
+    assert client.exists("pending") == 0
+    assert fence.highest("totals") == 4
+
+
+def test_transaction_with_a_stale_token_writes_nothing(
+    fence: RedisFence, client: redis.Redis
+) -> None:
+    """A token older than one admitted raises StaleTokenError before any write."""
+    client.set("total", 10)
+    client.set("pending", 1)
+    assert fence.admit("totals", 9)
+    with pytest.raises(StaleTokenError):
+        fence.transaction("totals", 8, add_to_total(5), "total")
+    assert client.get("total") == b"10"
+    assert client.exists("pending") == 1
+    assert fence.highest("totals") == 9
+
+
+@pytest.fixture
+def other_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A second connection: another process's writes, racing the one under test."""
+    conn = redis.Redis.from_url(redis_server.url)
+    yield conn
+    conn.close()
+
+
+def on_first_call(action: Callable[[], object]) -> tuple[Callable[[], None], list[int]]:
+    """A hook that runs *action* on its first call only, and the list of its calls."""
+    calls: list[int] = []
+
+    def hook() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            action()
+
+    return hook, calls
+
+
+def test_transaction_refused_when_a_newer_leader_is_admitted_between_read_and_write(
+    fence: RedisFence, client: redis.Redis, other_client: redis.Redis
+) -> None:
+    """The paused-leader race: token 8 reads, token 9 is admitted, token 8's writes never land."""
+    client.set("total", 10)
+
+    def admit_newer_leader() -> None:
+        assert RedisFence(other_client).admit("totals", 9)
+
+    newer_leader_admitted, calls = on_first_call(admit_newer_leader)
+
+    with pytest.raises(StaleTokenError):
+        fence.transaction("totals", 8, add_to_total(5, before_multi=newer_leader_admitted))
+    assert calls == [1], "the change of fence aborted EXEC and the retry saw the newer token"
+    assert client.get("total") == b"10"
+    assert fence.highest("totals") == 9
+
+
+def test_transaction_reruns_on_fresh_reads_when_a_watched_key_changes(
+    fence: RedisFence, client: redis.Redis, other_client: redis.Redis
+) -> None:
+    """A concurrent change to a watched key makes the body run again on the new value."""
+    client.set("total", 10)
+    someone_adds_one, calls = on_first_call(lambda: other_client.incr("total"))
+
+    result = fence.transaction("totals", 3, add_to_total(5, before_multi=someone_adds_one), "total")
+    assert len(calls) == 2
+    assert result == 16
+    assert client.get("total") == b"16"

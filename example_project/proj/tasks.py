@@ -35,6 +35,7 @@ import redis
 from celery import Task
 
 from celery_leader import check_leadership, leader_only
+from celery_leader.exceptions import StaleTokenError
 from celery_leader.fencing import RedisFence
 from example_project.proj.celery import app
 
@@ -162,35 +163,47 @@ def aggregate(self: Task) -> dict[str, Any]:
 def compact(self: Task, keep: int = 10_000, batch: int = 500) -> dict[str, Any]:
     """Fold all but the newest *keep* events into the archive, *batch* at a time.
 
-    The run first claims the ``events`` fence, so an ex-leader that wakes up
-    later cannot write an archive this run has not read. Each batch writes the
-    archive through the fence, then removes exactly the folded events (by
-    value: idempotent, so a stale duplicate removal is harmless). Between
-    batches ``check_leadership()`` raises ``LeaseLost`` once the lease is lost
-    (``on_loss="cancel"``): the message goes back to the broker and the next
-    leader carries on from the archive. Returns ``removed``, ``remaining`` and
-    ``batches``, with ``stale`` True when a newer term's token stopped it.
+    Each batch is one :meth:`RedisFence.transaction` on the ``events`` fence:
+    it reads the archive (watched) and the oldest events, then writes the new
+    archive and removes exactly the folded events in one MULTI/EXEC, which
+    lands only while no newer token was admitted and the archive is as read.
+    New events are appended at the other end, so they neither disturb nor
+    abort a batch. Between batches ``check_leadership()`` raises ``LeaseLost``
+    once the lease is lost (``on_loss="cancel"``): the message goes back to
+    the broker and the next leader carries on from the archive. Returns
+    ``removed``, ``remaining`` and ``batches``, with ``stale`` True when a
+    newer term's token stopped it.
     """
     if keep < 0 or batch < 1:
         raise ValueError(f"keep={keep} must be >= 0 and batch={batch} >= 1")
     token = _token(self)
     client, events_fence = data(), fence()
     result: dict[str, Any] = {"removed": 0, "batches": 0, "token": token, "stale": False}
-    result["stale"] = not events_fence.admit(EVENTS_FENCE, token)
-    while not result["stale"]:
+
+    def fold_one_batch(pipe: redis.client.Pipeline) -> int:
+        # Length first: appends after it only make the list longer, so at
+        # least *keep* events stay.
+        length = int(pipe.llen(EVENTS_KEY))
+        archive = _archive(pipe.get(ARCHIVE_KEY))
+        chunk = list(pipe.lrange(EVENTS_KEY, 0, batch - 1))[: max(0, length - keep)]
+        if chunk:
+            folded = _fold(archive, [json.loads(raw) for raw in chunk])
+            pipe.multi()
+            pipe.set(ARCHIVE_KEY, json.dumps(folded))
+            for raw in chunk:
+                pipe.lrem(EVENTS_KEY, 1, raw)
+        return len(chunk)
+
+    while True:
         check_leadership()
-        archive, head, length = _read(client, batch - 1)
-        chunk = head[: max(0, length - keep)]
-        if not chunk:
-            break
-        folded = _fold(archive, [json.loads(raw) for raw in chunk])
-        if not events_fence.set(EVENTS_FENCE, ARCHIVE_KEY, json.dumps(folded), token=token):
+        try:
+            removed = events_fence.transaction(EVENTS_FENCE, token, fold_one_batch, ARCHIVE_KEY)
+        except StaleTokenError:
             result["stale"] = True
             break
-        pipe = client.pipeline(transaction=True)
-        for raw in chunk:
-            pipe.lrem(EVENTS_KEY, 1, raw)
-        result["removed"] += sum(pipe.execute())
+        if not removed:
+            break
+        result["removed"] += removed
         result["batches"] += 1
     result["remaining"] = int(client.llen(EVENTS_KEY))
     return result

@@ -185,3 +185,16 @@ def test_compact_trims_the_events_in_batches_and_keeps_the_totals(fresh):
     after = aggregate.delay().get(timeout=TIMEOUT)
     assert after["totals"] == before["totals"] == {"click": 547, "sale": 273}
     assert after["events"] == 40
+
+
+def test_compact_under_a_stale_token_folds_nothing(fresh):
+    """Once a newer term was admitted on the events fence, compact writes and removes nothing."""
+    fresh.record([("click", i) for i in range(1, 21)])
+    fresh.data.set("celery-leader:fence:events", str(1 << 62))  # a term from far ahead
+
+    result = compact.delay(keep=5, batch=7).get(timeout=TIMEOUT)
+
+    assert result["stale"] is True
+    assert (result["removed"], result["remaining"], result["batches"]) == (0, 20, 0)
+    assert fresh.data.get("proj:archive") is None
+    assert int(fresh.data.get("celery-leader:fence:events")) == 1 << 62
