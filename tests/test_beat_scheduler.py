@@ -97,7 +97,7 @@ def test_missed_slot_is_sent_once_on_takeover(scheduler):
     while time.monotonic() < deadline and not (messages := sent(app)):
         time.sleep(sched.tick() or 0.01)
     assert len(messages) == 1, "the next regular send follows one period after the catch-up"
-    assert 0.7 < time.time() - caught_up < 1.6
+    assert 0.7 < time.time() - caught_up < 1.9
 
 
 def test_missed_slot_is_skipped_by_policy(scheduler):

@@ -237,16 +237,20 @@ def test_takeover_after_leader_process_killed(store_url, tmp_path):
             proc.wait()
 
 
-def test_graceful_stop_hands_over_within_a_second(store_url, cluster_factory):
-    """A leader that stops releases; a follower leads within 1 s, not after the ttl."""
+def test_graceful_stop_hands_over_well_before_the_ttl(store_url, cluster_factory):
+    """A leader that stops releases; a follower leads at once, not after the ttl.
+
+    The bound is a third of the ttl so a busy machine does not fail it; the
+    benchmarks measure the handover itself (milliseconds).
+    """
     timing = LeaseTiming.create(10.0)
     cluster = cluster_factory(store_url, 3, timing=timing)
     leader = cluster.wait_leader(timing.ttl + 3)
     old_token = leader.current_token()
     started = time.monotonic()
     leader.stop()
-    successor = cluster.wait_leader(1.0, exclude=leader)
-    assert time.monotonic() - started < 1.0
+    successor = cluster.wait_leader(timing.ttl / 3, exclude=leader)
+    assert time.monotonic() - started < timing.ttl / 3
     assert successor.current_token() > old_token
     kinds = [
         e.kind
@@ -271,7 +275,8 @@ def test_step_down_sits_out_and_another_leads(store_url, cluster_factory):
     cluster = cluster_factory(store_url, 2, timing=timing)
     leader = cluster.wait_leader(timing.ttl + 3)
     assert leader.step_down(sit_out=5)
-    successor = cluster.wait_leader(1.0, exclude=leader)
+    # Well under the ttl: only the release notification wakes the follower this soon.
+    successor = cluster.wait_leader(timing.ttl / 3, exclude=leader)
     assert successor is not leader
     successor.step_down(sit_out=5)
     time.sleep(1.0)

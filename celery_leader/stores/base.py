@@ -162,6 +162,8 @@ class LeaseStore(Protocol):
         """Call *callback* (from any thread) when the lease of *name* may be free.
 
         Spurious calls are allowed; missed ones are not, while the watch is up.
+        A watch calls back once as soon as it is up if the lease may be free
+        then, since a release before that moment reached no one.
         Stores without :attr:`Capability.RELEASE_NOTIFICATION` return a
         :class:`NullWatch`.
         """

@@ -150,10 +150,13 @@ class MemoryLeaseStore:
             return True
 
     def watch(self, name: str, callback: Callable[[], None]) -> Watch:
-        """Call back on every release of *name*."""
+        """Call back on every release of *name*, and at once if it is free now."""
         entry = (name, callback)
         with self._space.lock:
             self._space.watchers.append(entry)
+            free_now = self._live(name) is None
+        if free_now:
+            callback()
         return _MemoryWatch(self._space, entry)
 
     def close(self) -> None:

@@ -312,10 +312,12 @@ def _parse_record(value: object, expires_in: float, now: float) -> LeaseRecord |
 
 
 class _ReleaseWatch:
-    """Listens on a release channel; calls back on every message and reconnect.
+    """Listens on a release channel; calls back on every message and subscription.
 
-    A reconnect calls back too, since a release may have been missed while
-    the connection was down: spurious calls are cheap, missed ones are not.
+    Each subscription, the first and every one after a reconnect, calls back
+    once: a release published before the subscription was live reached no
+    one, so the caller must look at the lease again. Spurious calls are cheap,
+    missed ones are not.
     """
 
     def __init__(self, client: redis.Redis, channel: str, callback: Callable[[], None]) -> None:
@@ -340,8 +342,7 @@ class _ReleaseWatch:
             try:
                 pubsub.subscribe(self._channel)
                 self._subscribed.set()
-                if failures:
-                    self._notify()
+                self._notify()
                 failures = 0
                 while not self._closed.is_set():
                     message = pubsub.get_message(timeout=1.0)
