@@ -168,6 +168,16 @@ def run_celery_demo(
                 time.sleep(0.05)
             raise TimeoutError("the demo did not see what it waited for in time")
 
+        def first_run_after(
+            moment: float, accept: Callable[[dict[str, Any]], bool]
+        ) -> dict[str, Any]:
+            """The first leader-task run after *moment* that *accept* takes."""
+            run: dict[str, Any] = watch_until(
+                lambda rows: next((r for r in rows if r["at"] > moment and accept(r)), None),
+                ttl * 3 + 20,
+            )
+            return run
+
         try:
             say(
                 f"broker: {mask_url(broker) if broker else 'filesystem (no server)'}; "
@@ -195,17 +205,8 @@ def run_celery_demo(
             say(f"SIGKILL {result.first_leader}: its lease must run out before anyone else leads")
             killed_at = time.monotonic()
             procs.kill(result.first_leader)
-            second = watch_until(
-                lambda rows: next(
-                    (
-                        r
-                        for r in rows
-                        if r["at"] > killed_at
-                        and not r["worker"].startswith(result.first_leader + "@")
-                    ),
-                    None,
-                ),
-                ttl * 3 + 20,
+            second = first_run_after(
+                killed_at, lambda r: not r["worker"].startswith(result.first_leader + "@")
             )
             result.failover_leader = second["worker"].split("@")[0]
             result.failover_token = second["token"]
@@ -239,13 +240,7 @@ def run_celery_demo(
                     break
                 time.sleep(0.01)
             stepping_down.wait(60)
-            third = watch_until(
-                lambda rows: next(
-                    (r for r in rows if r["at"] > asked_at and r["token"] > result.failover_token),
-                    None,
-                ),
-                ttl * 3 + 20,
-            )
+            third = first_run_after(asked_at, lambda r: r["token"] > result.failover_token)
             result.handover_leader = third["worker"].split("@")[0]
             result.handover_token = third["token"]
             result.handover_seconds = third["at"] - asked_at

@@ -77,22 +77,25 @@ def run_lease_demo(
             result.first_leader, result.first_token = first["holder"], first["token"]
             time.sleep(lead_for)
 
+            def replace(leader: str, sig: signal.Signals) -> tuple[str, int, float]:
+                """Signal *leader*; return the next leader, its token and the seconds taken."""
+                signalled_at = time.monotonic()
+                cluster.signal(leader, sig)
+                elected = cluster.wait_elected(ttl * 3 + 10, show, exclude=leader)
+                return elected["holder"], elected["token"], elected["elected_at"] - signalled_at
+
             say(f"SIGKILL {result.first_leader} (the leader): its lease must run out")
-            killed_at = time.monotonic()
-            cluster.signal(result.first_leader, signal.SIGKILL)
-            second = cluster.wait_elected(ttl * 3 + 10, show, exclude=result.first_leader)
-            result.failover_leader, result.failover_token = second["holder"], second["token"]
-            result.failover_seconds = second["elected_at"] - killed_at
+            (result.failover_leader, result.failover_token, result.failover_seconds) = replace(
+                result.first_leader, signal.SIGKILL
+            )
             say(f"failover took {result.failover_seconds:.2f} s")
             cluster.start(f"{result.first_leader}-restarted")
             time.sleep(lead_for)
 
             say(f"SIGTERM {result.failover_leader} (graceful): it releases the lease")
-            stopped_at = time.monotonic()
-            cluster.signal(result.failover_leader, signal.SIGTERM)
-            third = cluster.wait_elected(ttl * 3 + 10, show, exclude=result.failover_leader)
-            result.handover_leader, result.handover_token = third["holder"], third["token"]
-            result.handover_seconds = third["elected_at"] - stopped_at
+            (result.handover_leader, result.handover_token, result.handover_seconds) = replace(
+                result.failover_leader, signal.SIGTERM
+            )
             say(f"handover took {result.handover_seconds:.2f} s")
         finally:
             cluster.stop_all()

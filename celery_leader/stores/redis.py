@@ -85,6 +85,16 @@ def release_channel(name: str) -> str:
     return f"{KEY_PREFIX}:{{{name}}}:released"
 
 
+# The opening of every script that acts only for the holder: it returns 0
+# unless KEYS[1] holds a lease record whose lease id is ARGV[1].
+_HELD_BY_ARGV1 = """
+    local current = redis.call('GET', KEYS[1])
+    if not current then return 0 end
+    local ok, rec = pcall(cjson.decode, current)
+    if not ok or type(rec) ~= 'table' or rec['lease_id'] ~= ARGV[1] then return 0 end
+"""
+
+
 class RedisLeaseStore:
     """Leases in one Redis key per election, with Lua compare-and-set."""
 
@@ -137,37 +147,34 @@ class RedisLeaseStore:
 
     # KEYS[1] lease key. ARGV[1] lease id, ARGV[2] ttl in ms.
     # Returns 1 when the lease was ours and now lasts ttl from now, else 0.
-    RENEW_LUA = """
-    local current = redis.call('GET', KEYS[1])
-    if not current then return 0 end
-    local ok, rec = pcall(cjson.decode, current)
-    if not ok or type(rec) ~= 'table' or rec['lease_id'] ~= ARGV[1] then return 0 end
+    RENEW_LUA = (
+        _HELD_BY_ARGV1
+        + """
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return 1
     """
+    )
 
     # KEYS[1] lease key. ARGV[1] lease id, ARGV[2] release channel.
     # Returns 1 when the lease was ours and is now deleted (and announced), else 0.
-    RELEASE_LUA = """
-    local current = redis.call('GET', KEYS[1])
-    if not current then return 0 end
-    local ok, rec = pcall(cjson.decode, current)
-    if not ok or type(rec) ~= 'table' or rec['lease_id'] ~= ARGV[1] then return 0 end
+    RELEASE_LUA = (
+        _HELD_BY_ARGV1
+        + """
     redis.call('DEL', KEYS[1])
     redis.call('PUBLISH', ARGV[2], 'released')
     return 1
     """
+    )
 
     # KEYS[1] lease key, KEYS[2] state hash. ARGV[1] lease id, ARGV[2] field, ARGV[3] value.
     # Returns 1 when the lease is ours and the field was set, else 0.
-    SET_STATE_LUA = """
-    local current = redis.call('GET', KEYS[1])
-    if not current then return 0 end
-    local ok, rec = pcall(cjson.decode, current)
-    if not ok or type(rec) ~= 'table' or rec['lease_id'] ~= ARGV[1] then return 0 end
+    SET_STATE_LUA = (
+        _HELD_BY_ARGV1
+        + """
     redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
     return 1
     """
+    )
 
     # KEYS[1] lease key. Returns {value or false, pttl_ms, now_us as string}.
     READ_LUA = """
