@@ -62,7 +62,7 @@ from typing import NamedTuple
 import celery
 import redis
 
-from benchmarks.stats import p90, to_json
+from benchmarks.stats import spread, to_json
 from tests.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -512,12 +512,9 @@ def print_table(rows: list[Peer], results: Results, rounds: int, cap: float) -> 
             for kind in (True, False)
         ]
         ttl = "any" if peer.ttl is None else f"{peer.ttl:g} s"
+        timings = " | ".join(cell(v, cap) for v in (*spread(crash), *spread(graceful)))
         print(
-            f"| {peer.label} | {ttl} | {peer.settings} "
-            f"| {cell(statistics.median(crash), cap)} | {cell(p90(crash), cap)} "
-            f"| {cell(max(crash), cap)} "
-            f"| {cell(statistics.median(graceful), cap)} | {cell(p90(graceful), cap)} "
-            f"| {cell(max(graceful), cap)} "
+            f"| {peer.label} | {ttl} | {peer.settings} | {timings} "
             f"| {gaps[0]} / {gaps[1]} | {len(crash)} / {len(graceful)} |"
         )
 

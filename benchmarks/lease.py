@@ -18,7 +18,6 @@ import argparse
 import random
 import shutil
 import signal
-import statistics
 import subprocess
 import tempfile
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import redis
 
-from benchmarks.stats import p90
+from benchmarks.stats import spread
 from benchmarks.swarm import swarm
 from celery_leader.demo.group import NodeGroup
 from celery_leader.stores import open_store
@@ -136,10 +135,7 @@ def main() -> None:
         ("takeover after crash (SIGKILL -> elected), s", crash),
         ("handover after stop (SIGTERM -> elected), s", graceful),
     ):
-        print(
-            f"| {label:<52} | {statistics.median(values):8.3f} | {p90(values):8.3f} "
-            f"| {max(values):8.3f} |"
-        )
+        print(f"| {label:<52} | " + " | ".join(f"{v:8.3f}" for v in spread(values)) + " |")
     for followers, (elect, commands, scripts) in loads.items():
         label = f"1 leader + {followers} followers"
         for what, value in (

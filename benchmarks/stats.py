@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import math
+import statistics
+
+
+def spread(values: list[float]) -> tuple[float, float, float]:
+    """Median, p90 and worst of *values*: the three columns of every timing table."""
+    return statistics.median(values), p90(values), max(values)
 
 
 def p90(values: list[float]) -> float:

@@ -100,22 +100,20 @@ def swarm(url: str, name: str, ttl: float, managers: int, processes: int) -> Ite
     and are joined; one that hangs is killed.
     """
     reports: multiprocessing.Queue = _SPAWN.Queue()  # type: ignore[type-arg]
-    starts: list[multiprocessing.Queue] = []  # type: ignore[type-arg]
+    start_at: multiprocessing.Queue = _SPAWN.Queue()  # type: ignore[type-arg]  # one get per child
     stop = _SPAWN.Event()
     children = []
     each, extra = divmod(managers, processes)
     first = 0
     for index in range(processes):
         count = each + (1 if index < extra else 0)
-        start_queue: multiprocessing.Queue = _SPAWN.Queue()  # type: ignore[type-arg]
         child = _SPAWN.Process(
             target=_member,
-            args=(_Share(url, name, ttl, first, count), start_queue, reports, stop),
+            args=(_Share(url, name, ttl, first, count), start_at, reports, stop),
             daemon=True,
         )
         child.start()
         children.append(child)
-        starts.append(start_queue)
         first += count
     try:
         for _ in children:
@@ -123,8 +121,8 @@ def swarm(url: str, name: str, ttl: float, managers: int, processes: int) -> Ite
             if kind != "ready":
                 raise RuntimeError(f"unexpected report {kind!r}")
         started_at = time.time() + 0.5
-        for start_queue in starts:
-            start_queue.put(started_at)
+        for _ in children:
+            start_at.put(started_at)
         yield Swarm(started_at, reports)
     finally:
         stop.set()

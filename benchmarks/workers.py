@@ -28,7 +28,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from benchmarks.stats import p90
+from benchmarks.stats import spread
 from tests.integration.conftest import Cluster
 
 
@@ -204,10 +204,8 @@ def print_ttl_table(
 
     def row(label: str, values: list[float], goal: str = "", ok: bool = True) -> None:
         verdict = ("met" if ok else "MISSED") if goal else ""
-        print(
-            f"| {label:<52} | {statistics.median(values):7.3f} | {p90(values):7.3f} "
-            f"| {max(values):7.3f} | {goal:<26} | {verdict:<6} |"
-        )
+        columns = " | ".join(f"{v:7.3f}" for v in spread(values))
+        print(f"| {label:<52} | {columns} | {goal:<26} | {verdict:<6} |")
 
     print(f"\nworkers end to end: Redis broker and store, ttl {ttl:g} s, {rounds} rounds\n")
     print(

@@ -50,13 +50,9 @@ from typing import Any, TypeVar
 
 from celery_leader.exceptions import StaleTokenError
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 KEY_PREFIX = "celery-leader:fence:"
-
-
-def _stale(token: int, highest: bytes | str | None) -> bool:
-    return highest is not None and int(token) < int(highest)
 
 
 def _decimal(token: int) -> str:
@@ -116,9 +112,9 @@ class RedisFence:
         self,
         resource: str,
         token: int,
-        func: Callable[[Any], T],
+        func: Callable[[Any], _T],
         *watches: str,
-    ) -> T:
+    ) -> _T:
         """Run *func*'s writes as one MULTI/EXEC that only lands under a current token.
 
         *func* receives a redis-py pipeline with the fence key of *resource*
@@ -141,8 +137,8 @@ class RedisFence:
         fence_key = self._fence_key(resource)
         decimal = _decimal(token)
 
-        def attempt(pipe: Any) -> T:
-            if _stale(token, pipe.get(fence_key)):
+        def attempt(pipe: Any) -> _T:
+            if int(token) < int(pipe.get(fence_key) or 0):
                 raise StaleTokenError(resource, token)
             result = func(pipe)
             if not pipe.explicit_transaction:
@@ -150,5 +146,7 @@ class RedisFence:
             pipe.set(fence_key, decimal)
             return result
 
-        result: T = self._client.transaction(attempt, fence_key, *watches, value_from_callable=True)
+        result: _T = self._client.transaction(
+            attempt, fence_key, *watches, value_from_callable=True
+        )
         return result

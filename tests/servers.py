@@ -179,8 +179,7 @@ class RabbitMQServer:
     """
 
     def __init__(self, workdir: Path, *, port: int | None = None) -> None:
-        if not os.access(RABBITMQ_SERVER, os.X_OK):
-            raise RuntimeError("RabbitMQ is not installed; run the README's test command")
+        self.binary = require_binary(RABBITMQ_SERVER)
         self.port = port or free_port()
         self.dist_port = free_port()
         while self.dist_port == self.port:
@@ -240,7 +239,7 @@ class RabbitMQServer:
         # SIGTERM into a clean shutdown of the Erlang VM it runs.
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [RABBITMQ_SERVER],
+                [self.binary],
                 env=self.env(),
                 cwd=self.workdir,
                 stdin=subprocess.DEVNULL,
