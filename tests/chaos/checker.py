@@ -7,7 +7,12 @@ Never allowed:
 * a **stale start**: a run that starts under a token lower than a token that
   had already started a run (a term that has ended started new work);
 * a **stale write accepted**: a fenced write accepted under a token lower than
-  one already accepted.
+  one whose acceptance was already known when this write was sent. A write
+  row carries ``sent_at`` (before the fence call) and ``at`` (after it): a
+  worker frozen between the two records its write late, so the order of the
+  rows is not the order in which the fence saw the writes, and only an
+  acceptance that had returned before this write was sent certainly came
+  first.
 
 Counted and reported:
 * **in-flight overlaps**: runs of an older term still executing when a newer
@@ -18,6 +23,7 @@ Counted and reported:
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,14 +81,18 @@ def check(rows: list[dict[str, Any]], sent: int) -> Summary:
         if row["token"] < highest:
             summary.stale_starts.append(row)
         highest = max(highest, row["token"])
-    highest_accepted = 0
-    for row in writes:
-        if row["accepted"]:
-            if row["token"] < highest_accepted:
-                summary.stale_writes_accepted.append(row)
-            highest_accepted = max(highest_accepted, row["token"])
-        elif row["token"] < highest_accepted:
-            summary.writes_refused += 1
+    accepted = [r for r in writes if r["accepted"]]  # in the order their fence calls returned
+    summary.writes_refused = len(writes) - len(accepted)
+    returned_at = [r["at"] for r in accepted]
+    highest_returned: list[int] = []  # [k]: the highest token among accepted[0..k]
+    highest = 0
+    for row in accepted:
+        highest = max(highest, row["token"])
+        highest_returned.append(highest)
+    for row in accepted:
+        known = bisect_left(returned_at, row.get("sent_at", row["at"]))
+        if known and highest_returned[known - 1] > row["token"]:
+            summary.stale_writes_accepted.append(row)
     first_start_of_term: dict[int, float] = {}
     for row in starts:
         first_start_of_term.setdefault(row["token"], row["at"])

@@ -51,6 +51,22 @@ def test_checker_flags_a_stale_write_accepted_and_counts_refusals():
     assert len(summary.stale_writes_accepted) == 1
 
 
+def test_checker_orders_writes_by_the_fence_not_by_the_record():
+    """A write recorded late (its worker froze after the fence call) is no violation.
+
+    The older token's call was sent before the newer one's acceptance was
+    known, so the fence may well have seen it first; once the newer
+    acceptance had returned, the same acceptance is a violation.
+    """
+    rows = [
+        row("write", 0, 6, 2.0, accepted=True, sent_at=1.5),
+        row("write", 1, 5, 9.0, accepted=True, sent_at=1.0),
+    ]
+    assert check(rows, 0).stale_writes_accepted == []
+    rows[1]["sent_at"] = 2.5
+    assert len(check(rows, 0).stale_writes_accepted) == 1
+
+
 def test_checker_counts_lost_duplicates_and_in_flight_runs():
     """Lost and duplicated messages and runs in flight across a term change are counted."""
     rows = [

@@ -220,6 +220,7 @@ def chaos_work(self, i, seconds):
     """Chaos suite work: runs a while, then writes through the fence with its token."""
     record("start", self, i=i)
     time.sleep(seconds)
+    sent_at = time.monotonic()  # a freeze after the fence call must not reorder the write
     accepted = fence.admit("chaos", self.request.leader_token)
-    record("write", self, i=i, accepted=accepted)
+    record("write", self, i=i, accepted=accepted, sent_at=sent_at)
     record("end", self, i=i)
