@@ -66,6 +66,11 @@ class History:
             if kind in (EventKind.LOST.value, EventKind.RELEASED.value):
                 interval.stopped_at = at
 
+    def has_term(self, holder: str, token: int | None) -> bool:
+        """True once *holder*'s term with *token* has been recorded."""
+        with self.lock:
+            return (holder, token) in self.intervals
+
     def load_jsonl(self, path: Path) -> None:
         for line in path.read_text().splitlines():
             row = json.loads(line)

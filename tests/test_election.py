@@ -49,9 +49,20 @@ class Cluster:
         return [m for m in self.managers if m.is_leader()]
 
     def wait_leader(self, timeout: float, exclude: LeaseManager | None = None) -> LeaseManager:
+        """A leader other than *exclude*, once its term is in the history too.
+
+        A manager reports is_leader() a moment before its listeners hear
+        ELECTED; a test that reads the history right after must find the term.
+        """
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            leaders = [m for m in self.leaders() if m is not exclude]
+            leaders = [
+                m
+                for i, m in enumerate(self.managers)
+                if m is not exclude
+                and m.is_leader()
+                and self.history.has_term(f"m{i}", m.current_token())
+            ]
             if leaders:
                 return leaders[0]
             time.sleep(0.005)
