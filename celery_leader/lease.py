@@ -206,7 +206,12 @@ class LeaseManager:
         return state.valid_until - now
 
     def add_listener(self, listener: Listener) -> None:
-        """Call *listener* with every :class:`LeaseEvent` from now on."""
+        """Call *listener* with every :class:`LeaseEvent` from now on.
+
+        Listeners run on the manager's thread just after the state changed:
+        :meth:`is_leader` is already true when ELECTED is delivered (and may
+        be true a moment before it is), and already false when LOST is.
+        """
         self._listeners.append(listener)
 
     @property
