@@ -24,6 +24,7 @@ from celery_leader.runtime import check_leadership, current_token, lease_lost
 from celery_leader.settings import LeaderSettings, load_settings
 from celery_leader.stores import open_store
 from celery_leader.tasks import LeaderTask, leader_only
+from celery_leader.term_end import OnLoss
 from celery_leader.timing import LeaseTiming
 from celery_leader.worker.bootsteps import LeaderElection
 
@@ -42,6 +43,7 @@ __all__ = [
     "LeaseState",
     "LeaseTiming",
     "LossReason",
+    "OnLoss",
     "Role",
     "StoreAuthError",
     "StoreError",

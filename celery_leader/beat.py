@@ -23,12 +23,24 @@ Standbys, and what keeps them in step (``leader_beat_standby``):
   schedulers, ``"reserve"`` otherwise.
 
 Around a failover (``"reserve"`` mode) the time of each entry's last send is
-shared through the lease store, written only by the lease holder right before
-it sends. A new leader does not send an entry whose last send (by anyone)
-already covers the current slot, and on taking over sends once an entry whose
-slot was missed during the leaderless gap, unless ``leader_beat_missed`` says
-``"skip"`` for it (a dict of entry name to ``"once"`` or ``"skip"``, with
-``leader_beat_missed_default``, ``"once"`` by default).
+shared through the lease store. The lease holder writes it with its token
+*after* the publish succeeded, and only while it still holds the lease. A new
+leader does not send an entry whose last send (by anyone) already covers the
+current slot. On taking over, it applies the missed policy to an entry whose
+slot passed unmarked: ``leader_beat_missed`` (a dict of entry name to
+``"once"`` or ``"skip"``) with ``leader_beat_missed_default`` (``"once"``).
+
+What each policy guarantees. A publish and its mark are two writes to two
+systems, so a window of milliseconds between them cannot be closed. An old
+leader that published and died inside it leaves the slot unmarked.
+``"once"`` then sends that slot again: at least once per slot. ``"skip"``
+does not: at most once per slot. Outside that window, no slot is sent before
+its time, none twice, and none skipped.
+
+Liveness: beat's lease is coupled to beat's own health, as a worker's is to
+its loop. A beat whose ticks stop, or whose last publish failed (the broker
+is gone while the store is reachable), releases the lease so that another
+beat sends. It does not compete again for one ttl.
 
 Every message beat sends carries the beat term's fencing token in the header
 ``leader_beat_token``; the leader re-checks its lease right before each send.
@@ -49,16 +61,18 @@ from celery.utils.imports import load_extension_class_names, symbol_by_name
 
 from celery_leader.exceptions import ConfigurationError, StoreError
 from celery_leader.lease import LeaseManager
-from celery_leader.settings import LeaderSettings, settings_for_app
+from celery_leader.settings import (
+    BeatSettings,
+    LeaderSettings,
+    beat_settings,
+    settings_for_app,
+)
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_WRAPPED = "celery.beat:PersistentScheduler"
 TOKEN_HEADER = "leader_beat_token"  # noqa: S105 - a header name, not a secret
-MISSED_POLICIES = ("once", "skip")
-STANDBY_MODES = ("auto", "reserve", "idle")
 #: Schedulers whose state is shared between instances (standbys must not tick).
 SHARED_STATE_MODULES = ("redbeat", "django_celery_beat")
 #: The longest the leader sleeps between ticks (beat's loop sleeps uninterruptibly).
@@ -74,7 +88,7 @@ SLOT_TOLERANCE = 0.1
 class BeatElection:
     """Beat's lease: a LeaseManager plus the shared last-send marks."""
 
-    def __init__(self, app: Any, settings: LeaderSettings) -> None:
+    def __init__(self, settings: LeaderSettings) -> None:
         self.settings = settings
         self.store = open_store(
             settings.backend_url,
@@ -82,11 +96,21 @@ class BeatElection:
             options=settings.store_options,
         )
         self.holder = Holder.for_this_process(f"beat-{Holder.for_this_process().nodename}")
-        self.manager = LeaseManager(self.store, settings.name, settings.timing, holder=self.holder)
-        if app.conf.get("leader_metrics") or app.conf.get("leader_metrics_port"):
+        self.manager = LeaseManager(
+            self.store,
+            settings.name,
+            settings.timing,
+            holder=self.holder,
+            liveness=self.is_live,
+        )
+        if settings.metrics.enabled:
             from celery_leader.metrics import enable_metrics  # noqa: PLC0415 - optional extra
 
-            enable_metrics(app.conf, self.manager)
+            enable_metrics(settings.metrics, self.manager)
+        self._last_tick = time.monotonic()
+        self._publish_failed_at: float | None = None
+        # Beat's loop sleeps up to MAX_TICK between ticks; allow a few missed.
+        self._tick_window = max(2 * settings.timing.renew_interval, 4 * MAX_TICK)
         self.marks: dict[str, dict[str, Any]] = {}
         self.seen_token: int | None = None
         self._started = False
@@ -107,6 +131,24 @@ class BeatElection:
                 self._started = False
         self.store.close()
 
+    # -- liveness -------------------------------------------------------------
+
+    def ticked(self) -> None:
+        """Beat's loop ran a tick."""
+        self._last_tick = time.monotonic()
+
+    def published(self, ok: bool) -> None:
+        """A publish succeeded (*ok*) or failed."""
+        self._publish_failed_at = None if ok else time.monotonic()
+
+    def is_live(self) -> bool:
+        """True while this beat can send: it ticks, and its last publish did not fail lately."""
+        now = time.monotonic()
+        if now - self._last_tick > self._tick_window:
+            return False
+        failed_at = self._publish_failed_at
+        return failed_at is None or now - failed_at > self.settings.timing.ttl
+
     def token(self) -> int | None:
         """The beat term's token while leading with validity left, else None."""
         return self.manager.current_token()
@@ -126,15 +168,19 @@ class BeatElection:
                 continue
         self.marks = marks
 
-    def mark_sent(self, entry_name: str, token: int) -> bool:
-        """Record a send of *entry_name* now; False when the lease no longer allows it."""
-        mark = {"at": time.time(), "token": token}
+    def mark_sent(self, entry_name: str, token: int, sent_at: float) -> bool:
+        """Record that *entry_name* was published at *sent_at* under *token*.
+
+        Called after the publish succeeded. Returns False when the lease no
+        longer allows the write.
+        """
+        mark = {"at": sent_at, "token": token}
         try:
             ok = self.store.set_state(
                 self.settings.name, self.holder.lease_id, entry_name, json.dumps(mark)
             )
         except StoreError as exc:
-            logger.warning("celery-leader beat: not sending %s: %s", entry_name, exc)
+            logger.warning("celery-leader beat: could not mark %s as sent: %s", entry_name, exc)
             return False
         if ok:
             self.marks[entry_name] = mark
@@ -171,7 +217,11 @@ class LeaderSchedulerMixin:
         except ConfigurationError as exc:
             raise ImproperlyConfigured(f"celery-leader: {exc}") from None
         self._leader_settings = settings
-        self._leader_mode = _standby_mode(app, type(self).__mro__[2])
+        try:
+            self._leader_beat: BeatSettings = beat_settings(app.conf)
+        except ConfigurationError as exc:
+            raise ImproperlyConfigured(f"celery-leader: {exc}") from None
+        self._leader_mode = _standby_mode(self._leader_beat, type(self).__mro__[2])
         super().__init__(app, *args, **kwargs)  # type: ignore[call-arg]
         if getattr(self, "lock_key", None):
             logger.info("celery-leader beat: RedBeat's lock is off; the beat lease replaces it")
@@ -181,7 +231,7 @@ class LeaderSchedulerMixin:
 
     def _election(self) -> BeatElection:
         if self._leader_election is None:
-            self._leader_election = BeatElection(self.app, self._leader_settings)  # type: ignore[attr-defined]
+            self._leader_election = BeatElection(self._leader_settings)
         return self._leader_election
 
     def setup_schedule(self) -> None:
@@ -208,6 +258,7 @@ class LeaderSchedulerMixin:
         """One pass of the wrapped scheduler, as leader or standby."""
         election = self._election()
         election.start()
+        election.ticked()
         token = election.token()
         if token is not None and token != election.seen_token:
             election.seen_token = token
@@ -224,9 +275,6 @@ class LeaderSchedulerMixin:
         election.refresh_marks()
         if self._leader_mode != "reserve":
             return  # shared-state schedulers catch up by themselves
-        conf = self.app.conf  # type: ignore[attr-defined]
-        policies = conf.get("leader_beat_missed") or {}
-        default = conf.get("leader_beat_missed_default") or "once"
         for entry in list(self.schedule.values()):  # type: ignore[attr-defined]
             mark = election.marks.get(entry.name)
             if mark is None:
@@ -235,7 +283,7 @@ class LeaderSchedulerMixin:
                 # Carry on from the previous leader's last send, not from this
                 # standby's own slots (which may lie almost a period later).
                 self._reanchor(entry, float(mark["at"]))
-            elif policies.get(entry.name, default) == "once":
+            elif self._leader_beat.missed_policy(entry.name) == "once":
                 logger.info("celery-leader beat: %s missed a slot; sending it once", entry.name)
                 self.apply_entry(entry, producer=self.producer)  # type: ignore[attr-defined]
                 self._reanchor(entry, time.time())
@@ -279,15 +327,23 @@ class LeaderSchedulerMixin:
         token = election.token()
         if token is None:
             return self.reserve(entry) if advance and self._leader_mode == "reserve" else None  # type: ignore[attr-defined]
-        if not election.mark_sent(entry.name, token) or election.token() != token:
-            return None
         if advance:
             entry = self.reserve(entry)  # type: ignore[attr-defined]
         sending = _shallow_copy(entry)
         options = dict(entry.options)
         options["headers"] = {**(options.get("headers") or {}), TOKEN_HEADER: token}
         sending.options = options
-        return super().apply_async(sending, producer=producer, advance=False, **kwargs)  # type: ignore[misc]
+        sent_at = time.time()
+        try:
+            result = super().apply_async(sending, producer=producer, advance=False, **kwargs)  # type: ignore[misc]
+        except Exception:
+            election.published(ok=False)
+            raise
+        election.published(ok=True)
+        # Marked only once it is out: a loss before this line leaves the slot
+        # unmarked, and the next leader's missed policy decides (see module doc).
+        election.mark_sent(entry.name, token, sent_at)
+        return result
 
 
 def _shallow_copy(entry: Any) -> Any:
@@ -301,13 +357,8 @@ def _shallow_copy(entry: Any) -> Any:
     return clone
 
 
-def _standby_mode(app: Any, wrapped: type) -> str:
-    mode = app.conf.get("leader_beat_standby") or "auto"
-    if mode not in STANDBY_MODES:
-        raise ImproperlyConfigured(
-            f"celery-leader: leader_beat_standby={mode!r} is not allowed: use one of "
-            f"{', '.join(STANDBY_MODES)}"
-        )
+def _standby_mode(beat: BeatSettings, wrapped: type) -> str:
+    mode = beat.standby
     if mode != "auto":
         return str(mode)
     return "idle" if wrapped.__module__.startswith(SHARED_STATE_MODULES) else "reserve"
@@ -353,7 +404,10 @@ class LeaderScheduler:
 
     def __new__(cls, app: Any, *args: Any, **kwargs: Any) -> Any:
         """Build the wrapped scheduler class, led, for *app*."""
-        name = app.conf.get("leader_beat_scheduler") or DEFAULT_WRAPPED
+        try:
+            name = beat_settings(app.conf).scheduler
+        except ConfigurationError as exc:
+            raise ImproperlyConfigured(f"celery-leader: {exc}") from None
         aliases = dict(load_extension_class_names("celery.beat_schedulers"))
         try:
             wrapped = symbol_by_name(name, aliases=aliases)

@@ -3,8 +3,11 @@
 Registered as a Celery CLI plugin (entry point group ``celery.commands``).
 Exit codes: ``status`` 0 when a leader holds the lease, 1 when none does;
 ``step-down`` 0 when the lease was released, 1 when no leader held it (or it
-was not released in time); both 2 when the store cannot be read (one line on
-stderr, no traceback). Store URLs are printed with secrets masked.
+was not released in time), 3 when the leader keeps the lease because leader
+tasks of its term still run in a pool that cannot stop them (threads, solo,
+gevent, eventlet: it releases when they end); both 2 when the store cannot be
+read (one line on stderr, no traceback). Store URLs are printed with secrets
+masked.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ BEAT_SUFFIX = ".beat"
 EXIT_LEADER = 0
 EXIT_NO_LEADER = 1
 EXIT_STORE_ERROR = 2
+EXIT_DRAINING = 3
 
 
 def _fail(ctx: click.Context, message: str) -> None:
@@ -111,6 +115,16 @@ def _human(payload: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _draining(ctx: click.Context, nodename: str) -> int:
+    """How many leader tasks *nodename* still waits for while stepping down (0 if unknown)."""
+    try:
+        replies = ctx.obj.app.control.inspect(destination=[nodename], timeout=2.0).leader() or {}
+    except Exception:  # noqa: BLE001 - only a hint for the message
+        return 0
+    view = replies.get(nodename) or {}
+    return int(view.get("draining") or 0) if view.get("stepping_down") else 0
+
+
 @click.group(name="leader")
 def leader() -> None:
     """Leader election: who leads, and handing leadership over."""
@@ -143,7 +157,12 @@ def status(ctx: click.Context, as_json: bool, beat: bool) -> None:
 )
 @click.pass_context
 def step_down(ctx: click.Context, timeout: float) -> None:
-    """Ask the current leader to stop leader work and release; another worker takes over."""
+    """Ask the current leader to stop leader work and release; another worker takes over.
+
+    Exit 0 when the lease was released, 1 when no leader held it or it was not
+    released in time, 2 when the store cannot be read, 3 when the leader keeps
+    the lease until leader tasks its pool cannot stop have ended.
+    """
     settings, store = _open(ctx, beat=False)
     try:
         record = _read(ctx, store, settings.name)
@@ -171,6 +190,14 @@ def step_down(ctx: click.Context, timeout: float) -> None:
     finally:
         store.close()
     if successor is not None and successor.token == record.token:
+        draining = _draining(ctx, record.nodename)
+        if draining:
+            click.echo(
+                f"{record.nodename} stopped taking leader work but keeps the lease: "
+                f"{draining} leader task(s) of term {record.token} still run and its pool "
+                "cannot stop them; it releases when they end"
+            )
+            ctx.exit(EXIT_DRAINING)
         click.echo(f"{record.nodename} did not release within {timeout:g} s (replies: {replies})")
         ctx.exit(EXIT_NO_LEADER)
     click.echo(f"{record.nodename} stepped down (token {record.token})")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from celery_leader.settings import leader_task_patterns
 from celery_leader.tasks import ensure_router
 from celery_leader.worker.bootsteps import LeaderElection
 
@@ -21,7 +22,7 @@ def install(app: Any, *, tasks: Iterable[str] = ()) -> Any:
     app.steps["worker"].add(LeaderElection)
     names = list(tasks)
     if names:
-        existing = list(app.conf.get("leader_tasks") or ())
+        existing = list(leader_task_patterns(app.conf))
         app.conf.leader_tasks = existing + [n for n in names if n not in existing]
     ensure_router(app)
     return app

@@ -12,8 +12,10 @@ At any instant at most one manager of an election believes it leads, provided
 Validity is counted on the monotonic clock from the moment the acquire or
 renew request was *sent*: ``valid_until = t_sent + ttl - margin``. Renewals
 start every ``renew_interval``; a renewal is started only when it can finish
-(every store call is bounded by ``op_timeout``) before ``valid_until``, and
-otherwise the lease is declared lost at once. :meth:`LeaseManager.is_leader`
+before ``valid_until``, and otherwise the lease is declared lost at once.
+Every store call is bounded in wall time by ``op_timeout``, whatever the
+store client does (:mod:`celery_leader.bounded`): a call that hangs cannot
+delay the loss past ``valid_until``. :meth:`LeaseManager.is_leader`
 compares the clock with ``valid_until`` on every call, so it turns false on
 time even when the manager thread is stuck or the process was paused.
 
@@ -22,9 +24,18 @@ jumps), fencing tokens still protect downstream writes: every term has a token
 strictly greater than all earlier ones, so a store of yours can refuse a write
 that carries an older token.
 
+Stop, then release
+------------------
+A held term is given up in one order on every path: the state turns
+"follower", listeners hear ``LOST`` or ``RELEASED`` (and stop the term's
+work), the ``release_guard`` confirms that no work of the term still runs,
+and only then is the lease released in the store. When the guard says work
+still runs, the lease is not released: it ends in the store at its expiry.
+
 Error handling
 --------------
-Store errors never leave the thread. A leader that cannot renew in time steps
+Any exception from a store call counts as a failed call, and never leaves
+the thread. A leader that cannot renew in time steps
 down (``LeaseEvent`` with kind ``LOST``); a follower keeps trying with capped,
 jittered exponential backoff. The first error of a streak is logged once, with
 secrets masked; recovery is logged too. Listeners run in the manager thread,
@@ -40,8 +51,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from celery_leader._masking import mask_text
+from celery_leader.bounded import BoundedCaller
 from celery_leader.exceptions import StoreAuthError, StoreError
 from celery_leader.stores.base import Holder, LeaseStore, Watch
 from celery_leader.timing import LeaseTiming
@@ -121,6 +134,8 @@ class LeaseState:
 _FOLLOWER = LeaseState(Role.FOLLOWER, None, None)
 
 Listener = Callable[[LeaseEvent], None]
+#: Runs a store call with a wall-time bound: ``call(fn, timeout, what)``.
+StoreCall = Callable[[Callable[[], Any], float, str], Any]
 
 
 @dataclass
@@ -153,10 +168,12 @@ class LeaseManager:
         holder: Holder | None = None,
         listeners: tuple[Listener, ...] = (),
         liveness: Callable[[], bool] | None = None,
+        release_guard: Callable[[Term], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = random.random,
         event_factory: Callable[[], threading.Event] = threading.Event,
         thread_factory: Callable[..., threading.Thread] = threading.Thread,
+        call: StoreCall | None = None,
     ) -> None:
         self.store = store
         self.name = name
@@ -164,6 +181,9 @@ class LeaseManager:
         self.holder = holder or Holder.for_this_process()
         self._listeners: list[Listener] = list(listeners)
         self._liveness = liveness
+        self._release_guard = release_guard
+        self._caller = BoundedCaller(name) if call is None else None
+        self._call: StoreCall = self._caller.call if self._caller is not None else call  # type: ignore[assignment]
         self._clock = clock
         self._rand = rand
         self._thread_factory = thread_factory
@@ -283,6 +303,8 @@ class LeaseManager:
             self._give_up(release=self._release_on_stop)
             if watch is not None:
                 watch.close()
+            if self._caller is not None:
+                self._caller.close()
 
     def _open_watch(self) -> Watch | None:
         try:
@@ -321,7 +343,12 @@ class LeaseManager:
             return self.timing.renew_interval  # not fit to lead: do not compete
         t_sent = self._clock()
         try:
-            result = self.store.acquire(self.name, self.holder, self.timing.ttl, self._max_token)
+            result = self._store_call(
+                "acquire",
+                lambda: self.store.acquire(
+                    self.name, self.holder, self.timing.ttl, self._max_token
+                ),
+            )
         except StoreError as exc:
             self._store_failed(exc)
             return self.timing.acquire_backoff(self._failures, self._rand())
@@ -374,10 +401,12 @@ class LeaseManager:
             return 0.0
         if now >= held.next_renew_at:
             if self._liveness is not None and not self._is_live():
+                term = held.term()
                 self._lose(LossReason.NOT_LIVE)
                 # We can still reach the store: hand the lease over now
-                # rather than make everyone wait for it to expire.
-                self._release_quietly()
+                # rather than make everyone wait for it to expire, once the
+                # term's work stopped.
+                self._release_after_stop(term)
                 return self.timing.renew_interval
             if not self.timing.can_renew_in_time(now, held.valid_until):
                 self._lose(LossReason.STORE_UNREACHABLE)
@@ -404,7 +433,11 @@ class LeaseManager:
         """One renewal attempt; False when the lease was lost."""
         t_sent = self._clock()
         try:
-            ok = self.store.renew(self.name, self.holder.lease_id, self.timing.ttl)
+            ok = self._store_call(
+                "renew",
+                lambda: self.store.renew(self.name, self.holder.lease_id, self.timing.ttl),
+                deadline=held.valid_until,
+            )
         except StoreError as exc:
             self._store_failed(exc)
             held.next_renew_at = self._clock() + self.timing.renew_retry_delay(self._rand())
@@ -454,7 +487,7 @@ class LeaseManager:
             self._emit(EventKind.LOST, held.term(), reason, at=stopped_at)
 
     def _give_up(self, *, release: bool) -> None:
-        """Stop leading, then release in the store: never the other way round."""
+        """Stop leading, stop the term's work, then release in the store: never the other way."""
         held = self._held
         if held is None:
             return
@@ -462,8 +495,6 @@ class LeaseManager:
         with self._lock:
             self._state = _FOLLOWER
         stopped_at = self._clock()
-        if release:
-            self._release_quietly()
         if held.elected_at is not None:
             logger.info(
                 "celery-leader: %s released election %r (token %d)",
@@ -472,10 +503,30 @@ class LeaseManager:
                 held.token,
             )
             self._emit(EventKind.RELEASED, held.term(), at=stopped_at)
+        if release:
+            self._release_after_stop(held.term())
+
+    def _release_after_stop(self, term: Term) -> None:
+        """Release in the store once the guard confirms no work of *term* runs."""
+        if self._release_guard is not None:
+            try:
+                stopped = self._release_guard(term)
+            except Exception:
+                logger.exception("celery-leader: release guard raised; not releasing")
+                stopped = False
+            if not stopped:
+                logger.warning(
+                    "celery-leader: leader work of election %r (token %d) still runs; the "
+                    "lease is not released and ends in the store at its expiry",
+                    self.name,
+                    term.token,
+                )
+                return
+        self._release_quietly()
 
     def _release_quietly(self) -> None:
         try:
-            self.store.release(self.name, self.holder.lease_id)
+            self._store_call("release", lambda: self.store.release(self.name, self.holder.lease_id))
         except StoreError as exc:
             logger.warning(
                 "celery-leader: could not release election %r (it will expire): %s",
@@ -500,6 +551,21 @@ class LeaseManager:
                 listener(event)
             except Exception:
                 logger.exception("celery-leader: a %s listener raised", kind.value)
+
+    def _store_call(self, what: str, fn: Callable[[], Any], deadline: float | None = None) -> Any:
+        """One store call bounded by ``op_timeout`` (and *deadline*); any error is a StoreError."""
+        bound = self.timing.op_timeout
+        if deadline is not None:
+            bound = min(bound, deadline - self._clock())
+        try:
+            return self._call(fn, bound, what)
+        except StoreError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a store that raises anything failed this call
+            raise StoreError(
+                f"lease store {self.store.url}: {what} failed: {type(exc).__name__}: "
+                f"{mask_text(str(exc))}"
+            ) from None
 
     def _store_failed(self, exc: StoreError) -> None:
         self._failures += 1

@@ -28,6 +28,7 @@ from typing import Any
 
 from celery_leader.exceptions import ConfigurationError
 from celery_leader.lease import EventKind, LeaseEvent
+from celery_leader.settings import MetricsSettings
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
@@ -107,23 +108,15 @@ def metrics_for(registry: CollectorRegistry | None = None) -> LeaderMetrics:
 _served: set[tuple[str, int]] = set()
 
 
-def enable_metrics(conf: Any, manager: Any) -> LeaderMetrics | None:
-    """Attach metrics to *manager* if ``leader_metrics``/``leader_metrics_port`` ask for it."""
-    port = conf.get("leader_metrics_port")
-    if not conf.get("leader_metrics") and not port:
+def enable_metrics(settings: MetricsSettings, manager: Any) -> LeaderMetrics | None:
+    """Attach metrics to *manager* when *settings* turn them on; serve them on its port."""
+    if not settings.enabled:
         return None
     metrics = metrics_for()
     manager.add_listener(metrics.listener)
-    if port:
-        try:
-            port_number = int(port)
-        except (TypeError, ValueError):
-            raise ConfigurationError(
-                f"leader_metrics_port={port!r} is not allowed: it must be a TCP port number"
-            ) from None
-        address = str(conf.get("leader_metrics_address") or "0.0.0.0")  # noqa: S104 - scraped from outside
+    if settings.port is not None:
         with _lock:
-            if (address, port_number) not in _served:
-                _start_http_server(port_number, addr=address)
-                _served.add((address, port_number))
+            if (settings.address, settings.port) not in _served:
+                _start_http_server(settings.port, addr=settings.address)
+                _served.add((settings.address, settings.port))
     return metrics

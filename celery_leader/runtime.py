@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from celery_leader.exceptions import LeaseError, LeaseLost
-from celery_leader.worker.shared_state import SharedLease
+from celery_leader.shared_lease import SharedLease
 
 _shared: SharedLease | None = None
 #: The token eager runs hold, set by :func:`celery_leader.testing.leadership`.

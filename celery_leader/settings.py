@@ -1,7 +1,8 @@
 """The ``leader_*`` settings of a Celery app, with defaults and validation.
 
-Every problem is reported at start as one :class:`ConfigurationError` line
-that names the setting, the value given and what is allowed.
+Every ``leader_*`` key is read here and nowhere else. Every problem is
+reported at start as one :class:`ConfigurationError` line that names the
+setting, the value given and what is allowed.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from celery_leader._masking import mask_url
@@ -27,6 +28,39 @@ ERR_NO_BACKEND = (
 )
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
+_MAX_PORT = 65535
+
+#: What a new beat leader does with a slot missed in the leaderless gap.
+MISSED_POLICIES = ("once", "skip")
+#: How beat standbys keep in step (see celery_leader.beat).
+STANDBY_MODES = ("auto", "reserve", "idle")
+#: The scheduler LeaderScheduler wraps unless ``leader_beat_scheduler`` names another.
+DEFAULT_BEAT_SCHEDULER = "celery.beat:PersistentScheduler"
+#: Where the metrics port listens unless ``leader_metrics_address`` says otherwise.
+DEFAULT_METRICS_ADDRESS = "0.0.0.0"  # noqa: S104 - scraped from outside the host
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """``leader_metrics``, ``leader_metrics_port``, ``leader_metrics_address``."""
+
+    enabled: bool
+    port: int | None
+    address: str
+
+
+@dataclass(frozen=True)
+class BeatSettings:
+    """``leader_beat_*``: the wrapped scheduler, standby mode and missed-slot policies."""
+
+    scheduler: str
+    standby: Literal["auto", "reserve", "idle"]
+    missed: Mapping[str, str]
+    missed_default: str
+
+    def missed_policy(self, entry_name: str) -> str:
+        """``"once"`` or ``"skip"`` for *entry_name*."""
+        return self.missed.get(entry_name, self.missed_default)
 
 
 @dataclass(frozen=True)
@@ -38,6 +72,9 @@ class LeaderSettings:
     queue: str
     timing: LeaseTiming
     store_options: Mapping[str, Any]
+    stop_grace: float
+    """Seconds a step-down or warm shutdown gives leader runs to stop before prefork kills them."""
+    metrics: MetricsSettings
 
     @property
     def masked_backend_url(self) -> str:
@@ -58,6 +95,89 @@ def _number(conf: Mapping[str, Any], key: str, default: float | None) -> float |
     if math.isnan(number) or math.isinf(number):
         raise ConfigurationError(f"{key}={value!r} is not allowed: it must be a finite number")
     return number
+
+
+def _choice(conf: Mapping[str, Any], key: str, allowed: tuple[str, ...], default: str) -> str:
+    value = conf.get(key)
+    if value is None or value == "":
+        return default
+    if value not in allowed:
+        raise ConfigurationError(f"{key}={value!r} is not allowed: use one of {', '.join(allowed)}")
+    return str(value)
+
+
+def metrics_settings(conf: Mapping[str, Any]) -> MetricsSettings:
+    """The validated metrics settings of *conf*."""
+    port = conf.get("leader_metrics_port")
+    if port in (None, "", 0):
+        port_number = None
+    else:
+        try:
+            port_number = int(port)
+        except (TypeError, ValueError):
+            port_number = -1
+        if not 1 <= port_number <= _MAX_PORT or isinstance(port, bool):
+            raise ConfigurationError(
+                f"leader_metrics_port={port!r} is not allowed: it must be a TCP port "
+                "number, 1..65535"
+            )
+    address = conf.get("leader_metrics_address") or DEFAULT_METRICS_ADDRESS
+    if not isinstance(address, str):
+        raise ConfigurationError(
+            f"leader_metrics_address={address!r} is not allowed: it must be a host address"
+        )
+    enabled = bool(conf.get("leader_metrics")) or port_number is not None
+    return MetricsSettings(enabled=enabled, port=port_number, address=address)
+
+
+def beat_settings(conf: Mapping[str, Any]) -> BeatSettings:
+    """The validated ``leader_beat_*`` settings of *conf*."""
+    scheduler = conf.get("leader_beat_scheduler") or DEFAULT_BEAT_SCHEDULER
+    if not isinstance(scheduler, str):
+        raise ConfigurationError(
+            f"leader_beat_scheduler={scheduler!r} is not allowed: name a scheduler class "
+            "as 'module:Class'"
+        )
+    standby = _choice(conf, "leader_beat_standby", STANDBY_MODES, "auto")
+    default = _choice(conf, "leader_beat_missed_default", MISSED_POLICIES, "once")
+    missed = conf.get("leader_beat_missed") or {}
+    if not isinstance(missed, Mapping):
+        raise ConfigurationError(
+            f"leader_beat_missed={missed!r} is not allowed: it must be a dict of entry "
+            f"name to one of {', '.join(MISSED_POLICIES)}"
+        )
+    for entry, policy in missed.items():
+        if policy not in MISSED_POLICIES:
+            raise ConfigurationError(
+                f"leader_beat_missed[{entry!r}]={policy!r} is not allowed: use one of "
+                f"{', '.join(MISSED_POLICIES)}"
+            )
+    return BeatSettings(
+        scheduler=scheduler,
+        standby=standby,  # type: ignore[arg-type]
+        missed=dict(missed),
+        missed_default=default,
+    )
+
+
+def leader_task_patterns(conf: Mapping[str, Any]) -> tuple[str, ...]:
+    """``leader_tasks``: names or glob patterns of leader-only tasks sent by name.
+
+    A single string is one pattern, never a sequence of one-letter patterns.
+    """
+    value = conf.get("leader_tasks") or ()
+    if isinstance(value, str):
+        return (value,)
+    try:
+        patterns = tuple(value)
+    except TypeError:
+        patterns = (None,)
+    if not all(isinstance(p, str) and p for p in patterns):
+        raise ConfigurationError(
+            f"leader_tasks={value!r} is not allowed: it must be a list of task names or "
+            "glob patterns"
+        )
+    return patterns
 
 
 def default_backend_url(conf: Mapping[str, Any]) -> str:
@@ -132,8 +252,21 @@ def load_settings(
         "AZURE_STORAGE_CONNECTION_STRING"
     ):
         options["leader_azure_connection_string"] = os.environ["AZURE_STORAGE_CONNECTION_STRING"]
+    stop_grace = _number(conf, "leader_stop_grace", timing.ttl)
+    assert stop_grace is not None
+    if stop_grace < 0:
+        raise ConfigurationError(
+            f"leader_stop_grace={stop_grace:g} is not allowed: it must be a number of seconds >= 0"
+        )
+    leader_task_patterns(conf)
     return LeaderSettings(
-        backend_url=url, name=name, queue=queue, timing=timing, store_options=options
+        backend_url=url,
+        name=name,
+        queue=queue,
+        timing=timing,
+        store_options=options,
+        stop_grace=stop_grace,
+        metrics=metrics_settings(conf),
     )
 
 

@@ -32,26 +32,18 @@ from typing import Any, TypeVar, overload
 
 from celery import Task, current_app
 from celery._state import connect_on_app_finalize
-from celery.exceptions import Ignore, Reject
 from celery.local import Proxy
 
 from celery_leader.exceptions import ConfigurationError, LeaseLost
 from celery_leader.runtime import eager_token, leader_run, shared_lease
-from celery_leader.settings import default_name, default_queue
+from celery_leader.settings import default_name, default_queue, leader_task_patterns
+from celery_leader.term_end import OnLoss, run_switch, stop_run_in_task
 
 logger = logging.getLogger(__name__)
 
-ON_LOSS_POLICIES = ("terminate", "cancel", "finish")
 REQUEST_CLASS = "celery_leader.worker.request:LeaderRequest"
 
 T = TypeVar("T")
-
-
-def _check_on_loss(on_loss: str | None) -> None:
-    if on_loss is not None and on_loss not in ON_LOSS_POLICIES:
-        raise ConfigurationError(
-            f"on_loss={on_loss!r} is not allowed: use one of {', '.join(ON_LOSS_POLICIES)}"
-        )
 
 
 def leader_queue_for(app: Any) -> str:
@@ -89,21 +81,22 @@ class LeaderTaskMixin:
         token = getattr(request, "leader_token", None)
         shared = shared_lease()
         if token is None or shared is None or not shared.valid_for(token):
-            self._hand_back("the lease ended before the run started")
+            stop_run_in_task(self, "the lease ended before the run started")
+        assert shared is not None
+        assert token is not None
+        switch = None
+        if getattr(request, "leader_on_loss", None) == OnLoss.TERMINATE.value:
+            switch = run_switch(shared)
+            if not switch.arm(token):
+                stop_run_in_task(self, "the lease ended before the run started")
         try:
             with leader_run(name, token):
                 return super().__call__(*args, **kwargs)  # type: ignore[misc]
         except LeaseLost:
-            self._hand_back("check_leadership() saw the lease lost")
-
-    def _hand_back(self, why: str) -> None:
-        """Give the message back for the next leader (acks_late) or record it revoked."""
-        request = self.request  # type: ignore[attr-defined]
-        logger.warning("celery-leader: %s[%s] handed back: %s", self.name, request.id, why)  # type: ignore[attr-defined]
-        if self.acks_late:  # type: ignore[attr-defined]
-            raise Reject(why, requeue=True)
-        self.backend.mark_as_revoked(request.id, why, request=request)  # type: ignore[attr-defined]
-        raise Ignore()
+            stop_run_in_task(self, "check_leadership() saw the lease lost")
+        finally:
+            if switch is not None:
+                switch.disarm()
 
 
 class LeaderTask(LeaderTaskMixin, Task):  # type: ignore[misc]
@@ -325,7 +318,7 @@ def leader_only(
     ``"finish"`` lets it run to the end (unsafe: it can overlap the next
     leader's work; fence its writes).
     """
-    _check_on_loss(on_loss)
+    OnLoss.parse(on_loss)
 
     def wrap(target: Any) -> Any:
         # type(), never isinstance() or hasattr(): on a lazy proxy those evaluate
@@ -394,7 +387,7 @@ class LeaderRouter:
     def _is_leader_task(self, name: str) -> bool:
         if name in leader_task_names(self.app):
             return True
-        patterns = self.app.conf.get("leader_tasks") or ()
+        patterns = leader_task_patterns(self.app.conf)
         return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 

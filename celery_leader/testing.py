@@ -36,8 +36,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from celery_leader import runtime
+from celery_leader.shared_lease import SharedLease
 from celery_leader.stores.memory import reset_memory_stores
-from celery_leader.worker.shared_state import SharedLease
 
 __all__ = ["Leadership", "leadership", "reset_memory_stores"]
 

@@ -6,15 +6,17 @@ commands, and owns the :class:`~celery_leader.worker.coordinator.Coordinator`.
 
 Lifecycle:
 
-* ``__init__`` (worker start, before the pool forks): validate settings (a bad
-  value stops the worker here with one clear line), take the leader queue out
-  of the queues the worker consumes, create the shared lease memory.
+* ``__init__`` (worker start): validate settings (a bad value stops the
+  worker here with one clear line), add the consumer step, take the leader
+  queue out of the queues the worker consumes. Nothing heavy.
+* ``create`` (after the pool object exists, before it forks): open the store,
+  build the coordinator and its shared lease memory, turn on metrics.
 * The consumer step's ``start`` (after every broker (re)connect): start the
   lease manager the first time, then consume the leader queue only if leading.
-* ``stop`` (warm shutdown, before the pool drains): stop taking leader work and
-  stop runs per ``on_loss``; the lease is kept while the pool drains.
+* ``stop`` (warm shutdown, before the pool drains): stop taking leader work,
+  stop runs per ``on_loss``, release once they stopped.
 * After the pool drained (the worker blueprint's ``on_stopped``): stop leading
-  and release the lease, so a standby takes over at once.
+  and release the lease at the latest.
 * ``terminate`` (cold shutdown): the same, releasing at once.
 """
 
@@ -27,13 +29,11 @@ import click
 from celery import bootsteps
 from celery.exceptions import ImproperlyConfigured
 
-from celery_leader import control as _control  # noqa: F401 - registers the remote-control commands
 from celery_leader.exceptions import ConfigurationError
-from celery_leader.lease import LeaseManager
-from celery_leader.settings import settings_for_app
+from celery_leader.settings import LeaderSettings, settings_for_app
 from celery_leader.stores import open_store
-from celery_leader.stores.base import Holder
 from celery_leader.tasks import ensure_router, resolve_leader_tasks
+from celery_leader.worker import control as _control  # noqa: F401 - registers the commands
 from celery_leader.worker.coordinator import Coordinator
 
 logger = logging.getLogger(__name__)
@@ -58,23 +58,6 @@ def pool_kind(worker: Any) -> str:
     pool_cls = worker.pool_cls
     module = pool_cls if isinstance(pool_cls, str) else getattr(pool_cls, "__module__", "")
     return str(module).split(":")[0].rsplit(".", 1)[-1]
-
-
-def _enable_metrics(conf: Any, manager: LeaseManager) -> None:
-    """Attach Prometheus metrics when ``leader_metrics``/``leader_metrics_port`` ask for them."""
-    if not (conf.get("leader_metrics") or conf.get("leader_metrics_port")):
-        return
-    try:
-        from celery_leader.metrics import enable_metrics  # noqa: PLC0415 - optional extra
-
-        enable_metrics(conf, manager)
-    except ConfigurationError as exc:
-        raise WorkerConfigurationError(f"celery-leader: {exc}") from None
-    except OSError as exc:
-        raise WorkerConfigurationError(
-            f"celery-leader: leader_metrics_port={conf.get('leader_metrics_port')!r} "
-            f"cannot be served: {exc}"
-        ) from None
 
 
 class LeaderConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -117,39 +100,58 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         app = worker.app
         try:
-            settings = settings_for_app(app)
+            self.settings: LeaderSettings = settings_for_app(app)
+        except ConfigurationError as exc:
+            raise WorkerConfigurationError(f"celery-leader: {exc}") from None
+        app.steps["consumer"].add(LeaderConsumer)
+        ensure_router(app)
+        # Workers consume every queue in task_queues by default: followers
+        # must not eat leader messages, so the queue is only added on election.
+        app.amqp.queues.deselect(self.settings.queue)
+        self.coordinator: Coordinator | None = None
+        self._finished = False
+        super().__init__(worker, **kwargs)
+
+    def create(self, worker: Any) -> LeaderElection:
+        """Open the store and build the coordinator, before the pool forks."""
+        settings = self.settings
+        try:
             store = open_store(
                 settings.backend_url,
                 timeout=settings.timing.op_timeout,
                 options=settings.store_options,
             )
+            if settings.metrics.enabled:
+                from celery_leader.metrics import enable_metrics  # noqa: PLC0415 - optional extra
         except ConfigurationError as exc:
             raise WorkerConfigurationError(f"celery-leader: {exc}") from None
-        app.steps["consumer"].add(LeaderConsumer)
-        ensure_router(app)
-        resolve_leader_tasks()
-        # Workers consume every queue in task_queues by default: followers
-        # must not eat leader messages, so the queue is only added on election.
-        app.amqp.queues.deselect(settings.queue)
+        resolve_leader_tasks(worker.app)
         coordinator = Coordinator(
-            settings,
-            manager=None,
-            nodename=worker.hostname,
-            pool_kind=pool_kind(worker),
+            settings, store, nodename=worker.hostname, pool_kind=pool_kind(worker)
         )
-        coordinator.manager = LeaseManager(
-            store,
-            settings.name,
-            settings.timing,
-            holder=Holder.for_this_process(worker.hostname),
-            listeners=(coordinator.on_lease_event,),
-            liveness=coordinator.is_live,
-        )
-        _enable_metrics(app.conf, coordinator.manager)
+        if settings.metrics.enabled:
+            try:
+                enable_metrics(settings.metrics, coordinator.manager)
+            except OSError as exc:
+                raise WorkerConfigurationError(
+                    f"celery-leader: leader_metrics_port={settings.metrics.port} cannot be "
+                    f"served: {exc}"
+                ) from None
         coordinator.install()
         worker.celery_leader = coordinator
         self.coordinator = coordinator
-        self._finished = False
+        self._chain_on_stopped(worker)
+        logger.info(
+            "celery-leader: election %r on %s, leader queue %r, ttl %g s",
+            settings.name,
+            settings.masked_backend_url,
+            settings.queue,
+            settings.timing.ttl,
+        )
+        return self
+
+    def _chain_on_stopped(self, worker: Any) -> None:
+        """Release at the latest once the pool drained (the blueprint's ``on_stopped``)."""
         blueprint = worker.blueprint
         original_on_stopped = blueprint.on_stopped
 
@@ -159,17 +161,14 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
                 original_on_stopped()
 
         blueprint.on_stopped = on_stopped
-        logger.info(
-            "celery-leader: election %r on %s, leader queue %r, ttl %g s",
-            settings.name,
-            settings.masked_backend_url,
-            settings.queue,
-            settings.timing.ttl,
-        )
-        super().__init__(worker, **kwargs)
+
+    def start(self, worker: Any) -> None:
+        """Nothing to start here: the consumer step starts competing once connected."""
 
     def stop(self, worker: Any) -> None:
-        """Warm shutdown: stop leader work; the release follows once the pool drained."""
+        """Warm shutdown: stop leader work; the release follows once it stopped."""
+        if self.coordinator is None:
+            return
         try:
             self.coordinator.begin_shutdown()
         except Exception:
@@ -181,7 +180,7 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
         self._finish()
 
     def _finish(self) -> None:
-        if self._finished:
+        if self._finished or self.coordinator is None:
             return
         self._finished = True
         try:

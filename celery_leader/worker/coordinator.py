@@ -1,47 +1,63 @@
 """The worker side of one election: lease events in, Celery actions out.
 
-One :class:`Coordinator` per worker process. It owns the lease manager and
+One :class:`Coordinator` per worker process, found with
+:func:`current_coordinator`. It builds and owns the lease manager, and
 turns its events into Celery actions:
 
-* ELECTED: publish the term to pool children, start consuming the leader
-  queue (on the consumer's loop thread).
-* RENEWED: extend the term in shared memory.
-* LOST / RELEASED: revoke at once (shared memory, so cooperative runs see it
-  and buffered jobs never start), kill ``terminate``-policy runs in prefork
-  children straight from the lease thread (the deadline is the store's
-  expiry, not the loop's next turn), then on the loop thread stop consuming
-  the leader queue and hand reserved and ETA leader messages back.
+* ELECTED: publish the term to the places where work runs, and start
+  consuming the leader queue (on the consumer's loop thread).
+* RENEWED: extend the term in shared memory. A revoked term stays revoked.
+* LOST / RELEASED: revoke the term at once, for good (shared memory, so that
+  runs and buffered jobs see it), and kill the ``terminate`` runs straight
+  from the lease thread. Then, on the loop thread, stop consuming the
+  leader queue and hand back the leader messages that never reached the
+  pool.
 
-Threads: lease events arrive on the manager thread; queue changes and
-request bookkeeping run on the consumer's loop thread via ``call_soon`` (one
-callable per ordered sequence, since Celery does not order a batch).
+What the end of a term does to a run (policies, the kill, the run's own
+switch, the hand-back rule) lives in :mod:`celery_leader.term_end`.
+
+Stop, then release: the lease manager asks :meth:`Coordinator.work_stopped`
+before any release, so the lease is never freed while leader work of the
+term still runs here. A step-down or a warm shutdown gives runs
+``leader_stop_grace`` seconds to stop. After that, prefork kills the rest.
+Pools that cannot kill keep the lease (renewed, never published as valid
+again) until their runs end.
+
+Threads: lease events arrive on the manager thread. Queue changes and
+request bookkeeping run on the consumer's loop thread through ``call_soon``,
+one callable per ordered sequence, since Celery does not order a batch.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable
-from contextlib import suppress
 from typing import Any
 
 from celery.worker import state as worker_state
 
 from celery_leader import signals
-from celery_leader.lease import EventKind, LeaseEvent, LeaseManager, Role
+from celery_leader.lease import EventKind, LeaseEvent, LeaseManager, Role, Term
 from celery_leader.runtime import install_shared_lease
 from celery_leader.settings import LeaderSettings
+from celery_leader.shared_lease import SharedLease
+from celery_leader.stores.base import Holder, LeaseStore
+from celery_leader.term_end import (
+    KILLABLE_POOLS,
+    OnLoss,
+    effective_policy,
+    kill_runs,
+    process_ended,
+)
 from celery_leader.worker.dispatch import SerialDispatcher
 from celery_leader.worker.redis_wakeup import wake_redis_consumer
-from celery_leader.worker.shared_state import SharedLease
 
 logger = logging.getLogger(__name__)
 
-#: Pools whose runs can be killed from the parent.
-KILLABLE_POOLS = frozenset({"prefork", "processes"})
+#: How long the release waits for killed runs to be gone, in seconds.
+KILL_SETTLE = 1.0
 
 _current: Coordinator | None = None
 
@@ -51,14 +67,27 @@ def current_coordinator() -> Coordinator | None:
     return _current
 
 
+class SnapshotError(RuntimeError):
+    """Celery's request set could not be copied: callers must assume the worst."""
+
+
 def _snapshot(requests: Any) -> list[Any]:
-    """A list copy of one of Celery's request WeakSets, safe against concurrent change."""
-    for _ in range(10):
+    """A copy of one of Celery's request WeakSets, taken while the loop thread may change it.
+
+    The copy of the WeakSet's underlying set of references is one C-level
+    operation under the GIL, so it cannot see the set change midway. When
+    it still fails, this raises :class:`SnapshotError`. It never returns
+    "nothing runs" for a copy it could not take.
+    """
+    refs = getattr(requests, "data", requests)
+    for _ in range(100):
         try:
-            return list(requests)
-        except RuntimeError:  # the loop thread changed the set while we copied it
+            copied = list(refs)
+        except RuntimeError:  # changed during the copy: only possible without a GIL
             continue
-    return []
+        items = (ref() if callable(ref) and refs is not requests else ref for ref in copied)
+        return [item for item in items if item is not None]
+    raise SnapshotError("could not copy the worker's request set")
 
 
 def is_leader_request(request: Any) -> bool:
@@ -66,22 +95,35 @@ def is_leader_request(request: Any) -> bool:
     return bool(getattr(request.task, "leader_only", False))
 
 
+def _of_term(request: Any, token: int) -> bool:
+    run_token = getattr(request, "leader_token", None)
+    return run_token is None or run_token <= token
+
+
 class Coordinator:
-    """Connects a :class:`LeaseManager` to one Celery worker."""
+    """Connects a lease manager to one Celery worker."""
 
     def __init__(
         self,
         settings: LeaderSettings,
-        manager: LeaseManager | None,
+        store: LeaseStore,
         *,
         nodename: str,
         pool_kind: str,
     ) -> None:
         self.settings = settings
-        self.manager: LeaseManager = manager  # type: ignore[assignment]
         self.nodename = nodename
         self.pool_kind = pool_kind
         self.shared = SharedLease()
+        self.manager = LeaseManager(
+            store,
+            settings.name,
+            settings.timing,
+            holder=Holder.for_this_process(nodename),
+            listeners=(self.on_lease_event,),
+            liveness=self.is_live,
+            release_guard=self.work_stopped,
+        )
         self.consumer: Any = None
         self.stepping_down = False
         self.shutting_down = False
@@ -139,7 +181,10 @@ class Coordinator:
         if time.monotonic() - self._last_tick < self._liveness_window:
             return True
         # A solo pool runs tasks on the loop thread: a busy loop is not a stuck one.
-        return self.pool_kind == "solo" and bool(_snapshot(worker_state.active_requests))
+        try:
+            return self.pool_kind == "solo" and bool(_snapshot(worker_state.active_requests))
+        except SnapshotError:
+            return self.pool_kind == "solo"
 
     # -- the gate (loop thread) -----------------------------------------------
 
@@ -149,6 +194,10 @@ class Coordinator:
         if not self._taking_work() or token is None or not self.shared.valid_for(token):
             return None
         return token
+
+    def policy_for(self, task: Any) -> OnLoss:
+        """The on_loss policy that applies to runs of *task* in this pool."""
+        return effective_policy(getattr(task, "leader_on_loss", None), self.pool_kind)
 
     def on_gate_refused(self) -> None:
         """A leader message reached us without a lease: make sure we stop consuming."""
@@ -191,7 +240,7 @@ class Coordinator:
             self.post(self.sync_consumption)
             self._send(signals.leader_elected, token=token)
         elif event.kind is EventKind.RENEWED:
-            self.shared.publish(token, event.term.valid_until)
+            self.shared.publish(token, event.term.valid_until)  # refused once revoked
         else:
             self.revoke(token)
             if event.kind is EventKind.LOST:
@@ -205,71 +254,107 @@ class Coordinator:
             lambda: signal_.send(sender=self.nodename, name=self.settings.name, **kwargs)
         )
 
-    # -- revocation -----------------------------------------------------------
+    # -- the end of a term ----------------------------------------------------
 
     def revoke(self, token: int, *, on_loop: bool = False) -> None:
-        """Stop all leader work of term *token*: now where it is urgent, the rest on the loop.
+        """End term *token* here for good: revoke, kill ``terminate`` runs, hand back the rest.
 
         Pass *on_loop* when already on the consumer's loop thread (the waiting
         messages are then handed back at once instead of being posted).
         """
-        self.shared.revoke()
-        self.kill_terminate_runs(token)
+        self.shared.revoke(token)
+        try:
+            runs = self.leader_runs(token)
+        except SnapshotError:
+            logger.exception("celery-leader: cannot list runs; their own switches stop them")
+        else:
+            doomed = [r for r in runs if self.policy_for(r.task) is OnLoss.TERMINATE]
+            kill_runs(doomed, "lease lost")
         if on_loop:
             self.hand_back_waiting(token)
         else:
             self.post(lambda: self.hand_back_waiting(token))
 
-    def policy_for(self, request: Any) -> str:
-        """The on_loss policy that applies to *request* in this pool."""
-        policy = getattr(request.task, "leader_on_loss", None)
-        if policy is None:
-            policy = "terminate" if self.pool_kind in KILLABLE_POOLS else "cancel"
-        if policy == "terminate" and self.pool_kind not in KILLABLE_POOLS:
-            policy = "cancel"  # threads and solo cannot kill a run: it must cooperate
-        return policy
+    def leader_runs(self, token: int) -> list[Any]:
+        """Leader runs of term *token* (or older) that the parent saw start and not yet end."""
+        return [
+            request
+            for request in _snapshot(worker_state.active_requests)
+            if is_leader_request(request) and _of_term(request, token)
+        ]
 
-    def kill_terminate_runs(self, token: int) -> None:
-        """SIGKILL the pool children running ``terminate``-policy runs of *token*.
+    def runs_ended(self, token: int, timeout: float) -> bool:
+        """Block until no run of term *token* runs here (at most *timeout* s); True when none does.
 
-        Runs on the lease thread so that the kill does not wait for the loop.
-        The request is marked first, so whichever thread sees the child's
-        death hands the message back instead of recording a failure.
+        A run the parent killed counts as ended as soon as its process
+        exited, before the loop thread has processed its death.
         """
-        for request in _snapshot(worker_state.active_requests):
-            if not is_leader_request(request) or self.policy_for(request) != "terminate":
-                continue
-            if getattr(request, "leader_token", None) not in (token, None):
-                continue
-            pid = request.worker_pid
-            request.leader_revoked = True
-            if pid and pid != os.getpid():
-                logger.warning(
-                    "celery-leader: lease lost; killing %s (pid %s)", request.humaninfo(), pid
-                )
-                with suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                running = [
+                    r
+                    for r in self.leader_runs(token)
+                    if not (r.leader_revoked and r.worker_pid and process_ended(r.worker_pid))
+                ]
+            except SnapshotError:
+                running = [None]  # unknown: assume work still runs
+            if not running:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+    def stop_runs(self, token: int, grace: float) -> bool:
+        """Give runs of *token* *grace* seconds to stop; where the pool can kill, kill the rest.
+
+        Returns True when none runs any more.
+        """
+        if self.runs_ended(token, grace):
+            return True
+        if self.pool_kind not in KILLABLE_POOLS:
+            return False
+        try:
+            kill_runs(self.leader_runs(token), f"still running {grace:g} s after the term ended")
+        except SnapshotError:
+            logger.exception("celery-leader: cannot list runs to stop them")
+        return self.runs_ended(token, KILL_SETTLE)
+
+    def work_stopped(self, term: Term) -> bool:
+        """The release guard: True once no work of *term* runs here (waits briefly for kills)."""
+        return self.runs_ended(term.token, KILL_SETTLE)
 
     def hand_back_waiting(self, token: int) -> None:
-        """Stop consuming, and hand back reserved and ETA leader messages. Loop thread."""
+        """Stop consuming, and hand back leader messages that never reached the pool. Loop thread.
+
+        A message the gate already sent to the pool is not handed back here,
+        even when the parent has not yet seen its run start. The child checks
+        the term itself before it runs, and its switch stops the run;
+        handing it back too would let the next leader run it at the same time.
+        """
         self.sync_consumption()
         consumer = self.consumer
-        active = set(map(id, _snapshot(worker_state.active_requests)))
-        for request in _snapshot(worker_state.scheduled_requests):
-            if is_leader_request(request) and id(request) not in active:
-                entry = getattr(request, "_eta_timer_entry", None)
-                if entry is not None and consumer is not None and consumer.timer is not None:
-                    consumer.timer.cancel(entry)
-                    consumer.qos.decrement_eventually()
-                request.hand_back("lease lost before its ETA")
-        for request in _snapshot(worker_state.reserved_requests):
-            if is_leader_request(request) and id(request) not in active:
-                request.hand_back("lease lost while it waited for the pool")
+        waiting = [
+            *_snapshot(getattr(worker_state, "scheduled_requests", ())),
+            *_snapshot(worker_state.reserved_requests),
+        ]
+        seen: set[int] = set()
+        for request in waiting:
+            if id(request) in seen or not is_leader_request(request):
+                continue
+            seen.add(id(request))
+            if getattr(request, "leader_dispatched", False) or request.acknowledged:
+                continue
+            entry = getattr(request, "_eta_timer_entry", None)
+            if entry is not None and consumer is not None and consumer.timer is not None:
+                consumer.timer.cancel(entry)
+                consumer.qos.decrement_eventually()
+            request.hand_back("the term ended before it ran")
         logger.debug("celery-leader: term %d revoked on the loop", token)
 
     # -- step-down (loop thread, from a control command) ---------------------
 
-    def step_down(self, timeout: float | None = None) -> dict[str, Any]:
+    def step_down(self) -> dict[str, Any]:
         """Stop leader work, then release in the background and sit out one ttl."""
         token = self.manager.current_token()
         if token is None:
@@ -279,37 +364,40 @@ class Coordinator:
                 return {"ok": True, "token": token, "node": self.nodename}
             self.stepping_down = True
         self.revoke(token, on_loop=True)
-        wait = self.settings.timing.ttl * 2 if timeout is None else timeout
         threading.Thread(
             target=self._finish_step_down,
-            args=(wait,),
+            args=(token,),
             name="celery-leader-step-down",
             daemon=True,
         ).start()
         return {"ok": True, "token": token, "node": self.nodename}
 
-    def _finish_step_down(self, wait: float) -> None:
+    def _finish_step_down(self, token: int) -> None:
         try:
-            self.wait_for_leader_runs(wait)
+            self._await_stopped(token)
             self.manager.step_down(sit_out=self.settings.timing.ttl)
         except Exception:
             logger.exception("celery-leader: step-down failed")
         finally:
             self.stepping_down = False
 
-    def wait_for_leader_runs(self, timeout: float) -> bool:
-        """Block until no leader task runs here (at most *timeout* s); True when none does."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not any(map(is_leader_request, _snapshot(worker_state.active_requests))):
-                return True
-            time.sleep(0.02)
-        return False
+    def _await_stopped(self, token: int) -> None:
+        """Stop the runs of *token*; where they cannot be killed, wait for them while leading."""
+        if self.stop_runs(token, self.settings.stop_grace):
+            return
+        logger.warning(
+            "celery-leader: leader tasks of term %d still run and this pool cannot stop "
+            "them; the lease is kept (no new leader work) until they end",
+            token,
+        )
+        while self.manager.state().role is not Role.FOLLOWER:
+            if self.runs_ended(token, self.settings.timing.renew_interval):
+                return
 
     # -- shutdown (main thread) ----------------------------------------------
 
     def begin_shutdown(self) -> None:
-        """Warm shutdown: stop taking leader work, stop runs per policy, release when they end.
+        """Warm shutdown: stop taking leader work, stop runs per policy, release once they stopped.
 
         The lease is released as soon as no leader task runs here any more
         (a standby then takes over at once), without waiting for the rest of
@@ -321,13 +409,16 @@ class Coordinator:
             return
         self.revoke(token)  # the consumer is stopping: only the urgent part still runs
         threading.Thread(
-            target=self._release_when_idle, name="celery-leader-shutdown", daemon=True
+            target=self._release_when_stopped,
+            args=(token,),
+            name="celery-leader-shutdown",
+            daemon=True,
         ).start()
 
-    def _release_when_idle(self) -> None:
+    def _release_when_stopped(self, token: int) -> None:
         try:
-            if self.wait_for_leader_runs(self.settings.timing.ttl * 60):
-                self.manager.stop(release=True)
+            self._await_stopped(token)
+            self.manager.stop(release=True)
         except Exception:
             logger.exception("celery-leader: early release failed; releasing at shutdown")
 
@@ -347,9 +438,16 @@ class Coordinator:
         state = self.manager.state()
         left = self.manager.time_left()
         leading = state.role is Role.LEADER and left is not None
-        return {
+        view: dict[str, Any] = {
             "role": "leader" if leading else "follower",
             "name": self.settings.name,
             "token": state.token if leading else None,
             "expires_in": round(left, 3) if left is not None else None,
         }
+        if leading and (self.stepping_down or self.shutting_down):
+            view["stepping_down"] = True
+            try:
+                view["draining"] = len(self.leader_runs(state.token or 0))
+            except SnapshotError:
+                view["draining"] = None
+        return view

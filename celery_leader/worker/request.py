@@ -6,7 +6,12 @@ type, so that is not the place to hook). Overriding ``revoked()`` lets the
 gate run exactly there: when this worker holds no valid lease, the message
 is rejected *with requeue* (it goes back to the broker, never dropped, never
 run), and when it does, the term's fencing token goes into the request,
-where the task reads it as ``self.request.leader_token``.
+where the task reads it as ``self.request.leader_token``. The policy that
+applies in this pool goes in too (``leader_on_loss``), so the child knows
+whether to arm its switch.
+
+What a stopped run's message becomes is decided in
+:mod:`celery_leader.term_end`; this module only carries it out for requests.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from typing import Any
 from celery.worker.request import Request
 from celery.worker.state import task_ready
 
+from celery_leader.runtime import shared_lease
 from celery_leader.tasks import leader_queue_for
+from celery_leader.term_end import ended_by_term, settle_stopped_run
 from celery_leader.worker.coordinator import current_coordinator
 
 #: Message properties carried over when a message is re-routed.
@@ -56,12 +63,16 @@ class LeaderRequest(Request):  # type: ignore[misc]
             return True  # already handed back by revocation on lease loss
         coordinator = current_coordinator()
         token = coordinator.admit() if coordinator is not None else None
-        if token is None:
+        if coordinator is None or token is None:
             self.hand_back("this worker does not hold the lease")
             if coordinator is not None:
                 coordinator.on_gate_refused()
             return True
         self._request_dict["leader_token"] = token
+        self._request_dict["leader_on_loss"] = coordinator.policy_for(self.task).value
+        # From here the pool owns the run: revocation must not hand it back
+        # too, or the next leader could run it while this child still does.
+        self.leader_dispatched = True
         return False
 
     def hand_back(self, why: str) -> None:
@@ -92,23 +103,18 @@ class LeaderRequest(Request):  # type: ignore[misc]
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> Any:
-        """A run killed because the lease was lost goes back to the broker, not to FAILURE."""
-        if not self.leader_revoked:
+        """A run stopped because its term ended is handed back, not recorded as FAILURE."""
+        exc = getattr(exc_info, "exception", None)
+        if exc is None or not ended_by_term(self, exc, shared_lease()):
             return super().on_failure(exc_info, send_failed_event, return_ok)
         task_ready(self)
-        if self.task.acks_late:
-            logger.info("celery-leader: %s killed on lease loss; handed back", self.humaninfo())
-            self.reject(requeue=True)
-        else:
-            self.task.backend.mark_as_revoked(
-                self.id, "leader lease lost", request=self._context, store_result=True
-            )
-            self.acknowledge()
-        self.send_event("task-revoked", terminated=True, signum="SIGKILL", expired=False)
+        settle_stopped_run(self)
         return None
 
-    #: Set when the lease was lost while this request ran under ``terminate``.
+    #: Set when the parent killed this run because its term ended.
     leader_revoked = False
+    #: Set when the gate admitted this request and sent it to the pool.
+    leader_dispatched = False
 
     @property
     def leader_token(self) -> Any:

@@ -31,6 +31,8 @@ LEADER_TASKS = (
     "fenced_writer",
     "noop_leader",
     "long_terminate",
+    "gil_terminate",
+    "poll_cancel",
 )
 RABBITMQ_URL = os.environ.get("LEADER_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 

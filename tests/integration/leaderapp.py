@@ -177,6 +177,30 @@ def long_terminate(self, seconds):
     record("end", self)
 
 
+@leader_only(on_loss="terminate")
+@app.task(bind=True)
+def gil_terminate(self, count):
+    """Holds the GIL in one C call (sum over a range): no Python thread of the child can run."""
+    record("start", self, pid=os.getpid())
+    sum(range(int(count)))
+    record("end", self)
+
+
+@leader_only(on_loss="cancel")
+@app.task(bind=True)
+def poll_cancel(self, seconds, tag, poll):
+    """A cooperative task that looks at its lease only every *poll* seconds."""
+    record("start", self, tag=tag, pid=os.getpid())
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(poll)
+        if lease_lost():
+            record("saw-loss", self, tag=tag)
+            check_leadership()
+    record("end", self, tag=tag)
+    return tag
+
+
 @app.task(bind=True)
 def beat_tick(self, entry="tick"):
     """Sent by beat: records which beat term sent it."""

@@ -12,26 +12,25 @@ from typing import Any
 
 from celery.worker.control import control_command, inspect_command
 
-
-def _coordinator(state: Any) -> Any:
-    return getattr(state.consumer.controller, "celery_leader", None)
+from celery_leader.worker.coordinator import current_coordinator
 
 
 @inspect_command()  # type: ignore[untyped-decorator]
 def leader(state: Any, **kwargs: Any) -> dict[str, Any]:
-    """Each worker's view of its election: role, name, token and seconds left."""
-    coordinator = _coordinator(state)
+    """Each worker's view of its election: role, name, token and seconds left.
+
+    ``"disabled"`` where the worker has not added the LeaderElection step.
+    """
+    coordinator = current_coordinator()
     if coordinator is None:
-        return {"role": "follower", "name": None, "token": None, "expires_in": None}
-    result: dict[str, Any] = coordinator.describe()
-    return result
+        return {"role": "disabled", "name": None, "token": None, "expires_in": None}
+    return coordinator.describe()
 
 
 @control_command()  # type: ignore[untyped-decorator]
 def leader_step_down(state: Any, **kwargs: Any) -> dict[str, Any]:
     """Stop leader work, release the lease and sit out one ttl (only the holder acts)."""
-    coordinator = _coordinator(state)
+    coordinator = current_coordinator()
     if coordinator is None:
         return {"ok": False, "reason": "LeaderElection is not running on this worker"}
-    result: dict[str, Any] = coordinator.step_down()
-    return result
+    return coordinator.step_down()

@@ -1,0 +1,111 @@
+"""A term ends on time where the work runs: revocation that waits on nothing.
+
+Real ``celery worker`` processes and real redis-servers. Each test pins one
+way the end of a term could come late: a stalled main process, a slow store,
+a renewal that undoes a step-down, a release before the work stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+TTL = 2.0
+
+
+def runs(rows, kind="start"):
+    return [r for r in rows if r["kind"] == kind]
+
+
+def gone_or_zombie(pid: int) -> bool:
+    """True when *pid* no longer runs (exited, or a zombie its stopped parent cannot reap)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+def wait_gone(pid: int, timeout: float) -> float | None:
+    """Monotonic time at which *pid* was first seen gone, or None within *timeout*."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if gone_or_zombie(pid):
+            return time.monotonic()
+        time.sleep(0.005)
+    return None
+
+
+def first_start_elsewhere(cluster, node, timeout):
+    """The first leader-task start recorded by a worker other than *node*."""
+    rows = cluster.wait_history(lambda r: any(x["worker"] != node for x in runs(r)), timeout)
+    others = [x for x in runs(rows) if x["worker"] != node]
+    assert others, "another worker ran leader work"
+    return min(others, key=lambda x: x["at"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("task", "arg"), [("long_terminate", 30), ("gil_terminate", 2 * 10**9)])
+def test_stalled_main_process_child_stops_its_own_leader_work(cluster_for, task, arg):
+    """SIGSTOP of the main process alone: the child's run ends by itself, before a new leader's."""
+    cluster = cluster_for("redis")
+    cluster.start(2)
+    old = cluster.leader_worker()
+    cluster.send(task, arg)
+    rows = cluster.wait_history(lambda r: len(runs(r)) >= 1, 10)
+    child = runs(rows)[0]["pid"]
+    time.sleep(0.3)  # let a renewal or two pass: the switch must follow them
+    os.kill(old.proc.pid, signal.SIGSTOP)  # the main process alone, not its children
+    stopped_at = time.monotonic()
+    try:
+        gone_at = wait_gone(child, TTL + 5)
+        for i in range(3):
+            cluster.send("leader_record", i)
+        new_start = first_start_elsewhere(cluster, old.nodename, TTL + 10)
+    finally:
+        os.kill(old.proc.pid, signal.SIGCONT)
+    assert gone_at is not None, "the leader task kept running while its main process was stopped"
+    assert gone_at - stopped_at < TTL, f"it ran {gone_at - stopped_at:.2f} s after the stop"
+    assert gone_at < new_start["at"], "the new leader ran leader work while the old run ran"
+    rows = cluster.history()
+    assert not [r for r in rows if r["kind"] == "end" and r["worker"] == old.nodename]
+    assert new_start["token"] > runs(rows)[0]["token"]
+
+
+@pytest.mark.slow
+def test_main_process_killed_children_stop_at_once(cluster_for):
+    """SIGKILL of the main process alone: billiard stops the child within moments (kept)."""
+    cluster = cluster_for("redis")
+    cluster.start(2)
+    old = cluster.leader_worker()
+    cluster.send("long_terminate", 30)
+    rows = cluster.wait_history(lambda r: len(runs(r)) >= 1, 10)
+    child = runs(rows)[0]["pid"]
+    os.kill(old.proc.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    gone_at = wait_gone(child, 5)
+    assert gone_at is not None and gone_at - killed_at < 1.0
+
+
+@pytest.mark.slow
+def test_step_down_is_not_undone_by_the_next_renewal(cluster_for):
+    """A cancel task polling slower than renewals sees the step-down; the new leader waits."""
+    cluster = cluster_for("redis")
+    cluster.start(2)
+    old = cluster.leader_worker()
+    cluster.send("poll_cancel", 30, "C", 1.5)  # renew interval is ttl/3 = 0.67 s
+    cluster.wait_history(lambda r: len(runs(r)) >= 1, 10)
+    time.sleep(0.2)
+    proc = cluster.celery("leader", "step-down", "--timeout", "20")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for i in range(3):
+        cluster.send("leader_record", i)
+    new_start = first_start_elsewhere(cluster, old.nodename, 15)
+    rows = cluster.history()
+    saw = [r for r in rows if r["kind"] == "saw-loss" and r.get("tag") == "C"]
+    assert saw, "the cooperative task was never told its term ended"
+    assert saw[0]["at"] < new_start["at"], "the new leader started before the old task stopped"
