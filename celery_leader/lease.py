@@ -293,7 +293,7 @@ class LeaseManager:
             while not self._stopping:
                 self._wake.clear()
                 try:
-                    delay = self._step()
+                    delay = self.step()
                 except Exception:  # the thread must survive anything a store does
                     logger.exception("celery-leader: unexpected error in election %r", self.name)
                     delay = self.timing.renew_interval
@@ -322,8 +322,13 @@ class LeaseManager:
         if self._held is None:
             self._wake.set()
 
-    def _step(self) -> float:
-        """Do what is due now; return seconds until something is due next."""
+    def step(self) -> float:
+        """Do what is due now; return seconds until something is due next.
+
+        The manager's thread calls this in a loop. Tests and the simulation
+        call it directly, on a manager that was never started, to drive it
+        step by step under a virtual clock.
+        """
         request = self._step_down
         if request is not None:
             self._step_down = None
@@ -416,7 +421,7 @@ class LeaseManager:
             now = self._clock()
         if held.elected_at is None and now >= held.hold_until:
             self._elect(held, now)
-        wake_at = held.next_renew_at
+        wake_at = min(held.next_renew_at, held.valid_until)
         if held.elected_at is None:
             wake_at = min(wake_at, held.hold_until)
         return max(0.0, wake_at - self._clock())
@@ -440,7 +445,12 @@ class LeaseManager:
             )
         except StoreError as exc:
             self._store_failed(exc)
-            held.next_renew_at = self._clock() + self.timing.renew_retry_delay(self._rand())
+            retry_at = self._clock() + self.timing.renew_retry_delay(self._rand())
+            if not self.timing.can_renew_in_time(retry_at, held.valid_until):
+                # No retry could land before validity ends: lose now, not at the retry.
+                self._lose(LossReason.STORE_UNREACHABLE)
+                return False
+            held.next_renew_at = retry_at
             return True
         latency = self._clock() - t_sent
         self._store_ok()

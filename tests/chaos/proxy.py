@@ -3,7 +3,12 @@
 Sits between a client and a server on loopback. Modes, switched at any time:
 ``pass`` (forward), ``delay`` (forward each chunk after a pause),
 ``blackhole`` (accept and hold bytes: connections hang, as on a dead
-network), ``drop`` (close every connection and refuse new ones).
+network), ``drop`` (close every connection and refuse new ones), ``trickle``
+(each reply from the server late by ``delay``; after ``hang_after`` replies on
+one connection since the switch, hold the rest: a call of several round
+trips, each just in time, that then hangs). :meth:`FaultProxy.after_next_reply`
+switches mode right after the next reply reaches a client (e.g. right after a
+renewal) and closes the connections, so the next call starts a fresh one.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ class FaultProxy:
         self.port = free_port()
         self.mode = "pass"
         self.delay = 0.0
+        self.hang_after = 0
+        self._epoch = 0  # bumped on every switch: replies are counted from it
+        self._armed: tuple[str, float, int] | None = None
         self._listener = socket.create_server(("127.0.0.1", self.port))
         self._listener.settimeout(0.2)
         self._conns: list[socket.socket] = []
@@ -31,10 +39,15 @@ class FaultProxy:
         self._closed = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def set_mode(self, mode: str, delay: float = 0.0) -> None:
-        self.mode, self.delay = mode, delay
+    def set_mode(self, mode: str, delay: float = 0.0, hang_after: int = 0) -> None:
+        self.mode, self.delay, self.hang_after = mode, delay, hang_after
+        self._epoch += 1
         if mode == "drop":
             self._close_all()
+
+    def after_next_reply(self, mode: str, delay: float = 0.0, hang_after: int = 0) -> None:
+        """Switch to *mode*, closing every connection, once the next server reply is forwarded."""
+        self._armed = (mode, delay, hang_after)
 
     def _close_all(self) -> None:
         with self._lock:
@@ -61,28 +74,42 @@ class FaultProxy:
                 continue
             with self._lock:
                 self._conns += [client, upstream]
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+            for src, dst, replies in ((client, upstream, False), (upstream, client, True)):
+                threading.Thread(target=self._pump, args=(src, dst, replies), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, replies: bool) -> None:
+        epoch, count = self._epoch, 0  # replies forwarded on this connection since a switch
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
-                while self.mode == "blackhole" and not self._closed.is_set():
+                if self._epoch != epoch:
+                    epoch, count = self._epoch, 0
+                while self._holds(replies, count) and not self._closed.is_set():
                     time.sleep(0.01)
-                if self.mode == "delay":
+                if self.mode == "delay" or (self.mode == "trickle" and replies):
                     time.sleep(self.delay)
                 if self.mode == "drop":
                     break
                 dst.sendall(data)
+                if replies:
+                    count += 1
+                    armed, self._armed = self._armed, None
+                    if armed is not None:
+                        self.set_mode(*armed)
+                        self._close_all()
         except OSError:
             pass
         finally:
             for sock in (src, dst):
                 with contextlib.suppress(OSError):
                     sock.close()
+
+    def _holds(self, replies: bool, count: int) -> bool:
+        if self.mode == "blackhole":
+            return True
+        return self.mode == "trickle" and replies and count >= self.hang_after
 
     def close(self) -> None:
         self._closed.set()

@@ -2,8 +2,8 @@
 
 Configured from the environment so one module serves every test:
 LEADER_BROKER, LEADER_STORE, LEADER_HISTORY (a Redis URL where runs are
-recorded), LEADER_TTL, LEADER_RENEW (optional), LEADER_VISIBILITY (Redis
-broker visibility_timeout, seconds).
+recorded), LEADER_TTL, LEADER_RENEW and LEADER_STORE_TIMEOUT (optional),
+LEADER_VISIBILITY (Redis broker visibility_timeout, seconds).
 LEADER_NAME names the election and prefixes the queues, so tests sharing one
 RabbitMQ never see each other's messages.
 """
@@ -27,6 +27,8 @@ app.conf.leader_backend_url = os.environ.get("LEADER_STORE", app.conf.broker_url
 app.conf.leader_lease_ttl = float(os.environ.get("LEADER_TTL", "3"))
 if os.environ.get("LEADER_RENEW"):
     app.conf.leader_renew_interval = float(os.environ["LEADER_RENEW"])
+if os.environ.get("LEADER_STORE_TIMEOUT"):
+    app.conf.leader_store_timeout = float(os.environ["LEADER_STORE_TIMEOUT"])
 app.conf.broker_transport_options = {
     "visibility_timeout": float(os.environ.get("LEADER_VISIBILITY", "30")),
     "unacked_restore_interval": 1,

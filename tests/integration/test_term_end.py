@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.test_workers import Stream
+
 TTL = 2.0
 
 
@@ -61,12 +63,12 @@ def test_stalled_main_process_child_stops_its_own_leader_work(cluster_for, task,
     time.sleep(0.3)  # let a renewal or two pass: the switch must follow them
     os.kill(old.proc.pid, signal.SIGSTOP)  # the main process alone, not its children
     stopped_at = time.monotonic()
+    stream = Stream(cluster, interval=0.05)  # leader work for whoever leads next
     try:
         gone_at = wait_gone(child, TTL + 5)
-        for i in range(3):
-            cluster.send("leader_record", i)
         new_start = first_start_elsewhere(cluster, old.nodename, TTL + 10)
     finally:
+        stream.stop()
         os.kill(old.proc.pid, signal.SIGCONT)
     assert gone_at is not None, "the leader task kept running while its main process was stopped"
     assert gone_at - stopped_at < TTL, f"it ran {gone_at - stopped_at:.2f} s after the stop"
@@ -100,12 +102,63 @@ def test_step_down_is_not_undone_by_the_next_renewal(cluster_for):
     cluster.send("poll_cancel", 30, "C", 1.5)  # renew interval is ttl/3 = 0.67 s
     cluster.wait_history(lambda r: len(runs(r)) >= 1, 10)
     time.sleep(0.2)
-    proc = cluster.celery("leader", "step-down", "--timeout", "20")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    for i in range(3):
-        cluster.send("leader_record", i)
-    new_start = first_start_elsewhere(cluster, old.nodename, 15)
+    stream = Stream(cluster, interval=0.05)
+    try:
+        proc = cluster.celery("leader", "step-down", "--timeout", "20")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        new_start = first_start_elsewhere(cluster, old.nodename, 15)
+    finally:
+        stream.stop()
     rows = cluster.history()
     saw = [r for r in rows if r["kind"] == "saw-loss" and r.get("tag") == "C"]
     assert saw, "the cooperative task was never told its term ended"
     assert saw[0]["at"] < new_start["at"], "the new leader started before the old task stopped"
+
+
+@pytest.mark.slow
+def test_slow_store_calls_cannot_delay_the_end_of_the_term(cluster_for):
+    """A renewal of several late round trips that then hangs: the old run ends before the next."""
+    import redis as redis_lib
+
+    from tests.chaos.proxy import FaultProxy
+
+    cluster = cluster_for("redis")
+    # ttl 2, renew 0.6, store timeout 1.2: a read may take 0.6 s. The renewal
+    # after the switch fails at once (its connection was closed); the retry,
+    # started in time, opens a fresh connection (CLIENT SETNAME and two
+    # SETINFO, each reply 0.55 s late) and its EVALSHA meets NOSCRIPT, held:
+    # 2.25 s in all, none of it applied, where validity leaves it 1.2 s.
+    cluster.env.update(LEADER_RENEW="0.6", LEADER_STORE_TIMEOUT="1.2")
+    proxy = FaultProxy(cluster.store.port)
+    direct = cluster.env["LEADER_STORE"]
+    cluster.env["LEADER_STORE"] = f"redis://127.0.0.1:{proxy.port}/0"
+    try:
+        (old,) = cluster.start(1)
+    finally:
+        cluster.env["LEADER_STORE"] = direct
+    assert cluster.leader_worker() is old
+    cluster.start(1)
+    cluster.send("long_terminate", 30)
+    rows = cluster.wait_history(lambda r: len(runs(r)) >= 1, 10)
+    child = runs(rows)[0]["pid"]
+    admin = redis_lib.Redis.from_url(direct)
+    try:
+        # Right after the next renewal: every reply 0.55 s late (just inside the
+        # 0.6 s read timeout), the fourth on a connection held; no cached scripts.
+        proxy.after_next_reply("trickle", delay=0.55, hang_after=3)
+        deadline = time.monotonic() + 5
+        while proxy.mode != "trickle" and time.monotonic() < deadline:
+            time.sleep(0.001)
+        admin.script_flush()
+        stream = Stream(cluster, interval=0.05)
+        gone_at = wait_gone(child, 15)
+        new_start = first_start_elsewhere(cluster, old.nodename, 20)
+        stream.stop()
+    finally:
+        proxy.set_mode("pass")
+        proxy.close()
+        admin.close()
+    assert gone_at is not None, "the old leader's run never ended"
+    assert gone_at < new_start["at"], (
+        f"the new leader started {gone_at - new_start['at']:.2f} s before the old run ended"
+    )
