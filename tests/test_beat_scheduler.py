@@ -165,3 +165,42 @@ def test_new_leader_carries_on_from_the_previous_leaders_last_send(scheduler):
     sched.tick()
     mark = sched._election().marks["tick"]["at"]
     assert abs(sched.schedule["tick"].last_run_at.timestamp() - mark) < 0.001
+
+
+def test_failed_publish_leaves_the_slot_unmarked_and_gives_up_the_lease(tmp_path, redis_server):
+    """A publish that fails is not marked sent, and a beat that cannot publish hands over."""
+    from tests.servers import free_port
+
+    main = f"b{uuid.uuid4().hex[:10]}"
+    app = Celery(main, broker=f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+    app.conf.update(
+        leader_backend_url=redis_server.url,
+        leader_lease_ttl=1.0,
+        task_default_queue=f"{main}.default",
+        task_publish_retry=False,
+        broker_connection_retry=False,
+        broker_connection_max_retries=0,
+        beat_schedule={"tick": {"task": f"{main}.tick", "schedule": 1.0}},
+    )
+    sched = LeaderScheduler(app=app, schedule_filename=str(tmp_path / main), lazy=False)
+    try:
+        election = sched._election()
+        assert election.manager.wait_for_leadership(5)
+        token = election.token()
+        entry = sched.schedule["tick"]
+        entry.last_run_at = datetime.now(timezone.utc) - timedelta(seconds=2)
+        sched.apply_entry(entry)  # Celery logs the failed publish and carries on
+        store = open_store(redis_server.url, timeout=1)
+        assert "tick" not in store.get_state(f"{main}.beat"), "a failed send is not marked"
+        assert not election.is_live()
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and store.read(f"{main}.beat") is not None:
+            time.sleep(0.05)
+        assert store.read(f"{main}.beat") is None, "the beat that cannot publish released"
+        assert election.token() is None
+        time.sleep(0.5)
+        record = store.read(f"{main}.beat")
+        assert record is None or record.token != token, "it does not take the lease back"
+        store.close()
+    finally:
+        sched.close()

@@ -23,9 +23,9 @@ import enum
 import os
 import socket
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 
 class Capability(enum.Enum):
@@ -76,10 +76,6 @@ class LeaseRecord:
     """Seconds until the lease ends unless renewed."""
     hold_off: float = 0.0
     """Seconds left before the holder may act (after the store lost its data)."""
-
-    def as_dict(self) -> dict[str, Any]:
-        """The record as the JSON shape that ``celery leader status`` prints."""
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -171,6 +167,3 @@ class LeaseStore(Protocol):
     def close(self) -> None:
         """Release connections and threads."""
 
-
-StoreFactory = Callable[..., LeaseStore]
-StoreOptions = Mapping[str, Any]

@@ -332,15 +332,10 @@ class _ReleaseWatch:
         self._channel = channel
         self._callback = callback
         self._closed = threading.Event()
-        self._subscribed = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"celery-leader-watch[{channel}]", daemon=True
         )
         self._thread.start()
-
-    def wait_subscribed(self, timeout: float) -> bool:
-        """Block until the subscription is live (for tests and benchmarks)."""
-        return self._subscribed.wait(timeout)
 
     def _run(self) -> None:
         failures = 0
@@ -348,7 +343,6 @@ class _ReleaseWatch:
             pubsub = self._client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
             try:
                 pubsub.subscribe(self._channel)
-                self._subscribed.set()
                 self._notify()
                 failures = 0
                 while not self._closed.is_set():
@@ -356,7 +350,6 @@ class _ReleaseWatch:
                     if message is not None:
                         self._notify()
             except Exception as exc:  # noqa: BLE001 - the watch must outlive any client failure
-                self._subscribed.clear()
                 failures += 1
                 logger.debug(
                     "release watch on %s interrupted: %s", self._channel, mask_text(str(exc))

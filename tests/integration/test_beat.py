@@ -148,3 +148,34 @@ def test_redbeat_is_really_used_and_led(cluster_for):
     after = [s for s in cluster.beat_sends() if s["at"] > killed_at]
     assert after and after[0]["at"] - killed_at < 2 + 2
     assert min(gaps(cluster.beat_sends())) > 0.5
+
+
+@pytest.mark.slow
+def test_beat_that_cannot_publish_hands_over(cluster_for, tmp_path):
+    """The sending beat's broker dies while the store is fine: another beat sends."""
+    from tests.servers import RedisServer
+
+    cluster = cluster_for("redis")
+    cluster.env["LEADER_BEAT_EVERY"] = "1"
+    cluster.start(1)  # runs beat_tick from the cluster's broker
+    lonely = RedisServer(tmp_path).start()
+    try:
+        own = cluster.env["LEADER_BROKER"]
+        cluster.env["LEADER_BROKER"] = lonely.url
+        try:
+            first = cluster.start_beat()
+        finally:
+            cluster.env["LEADER_BROKER"] = own
+        wait_sending(cluster, [first])
+        second = cluster.start_beat()
+        time.sleep(2)
+        assert not second.sends_now()
+        lonely.stop()
+        broken_at = time.monotonic()
+        rows = cluster.wait_history(lambda r: any(x["kind"] == "beat" for x in r), 30)
+    finally:
+        lonely.stop()
+    sends = [r for r in rows if r["kind"] == "beat"]
+    assert sends, "the beat whose broker works took over"
+    assert sends[0]["at"] - broken_at < 15
+    assert "released election" in first.text() or "lost the lead" in first.text()
