@@ -118,7 +118,8 @@ def _human(payload: dict[str, Any]) -> str:
 def _draining(ctx: click.Context, nodename: str) -> int:
     """How many leader tasks *nodename* still waits for while stepping down (0 if unknown)."""
     try:
-        replies = ctx.obj.app.control.inspect(destination=[nodename], timeout=2.0).leader() or {}
+        inspect = ctx.obj.app.control.inspect(destination=[nodename], timeout=2.0)
+        replies = inspect._request("leader") or {}  # a plugin command: no method of its own
     except Exception:  # noqa: BLE001 - only a hint for the message
         return 0
     view = replies.get(nodename) or {}

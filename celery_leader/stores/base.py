@@ -166,4 +166,3 @@ class LeaseStore(Protocol):
 
     def close(self) -> None:
         """Release connections and threads."""
-

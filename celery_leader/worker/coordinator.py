@@ -95,6 +95,26 @@ def is_leader_request(request: Any) -> bool:
     return bool(getattr(request.task, "leader_only", False))
 
 
+def never_dispatched(requests: list[Any]) -> list[Any]:
+    """The leader requests among *requests* that the gate never sent to the pool, once each.
+
+    Only these may be handed back when a term ends. A request the gate sent
+    to the pool belongs to the pool: the child checks the term before it runs
+    and its switch ends the run, so handing it back too could let the next
+    leader run it while this child still does (a child may have started it
+    before the parent read its acknowledgement).
+    """
+    seen: set[int] = set()
+    chosen = []
+    for request in requests:
+        if id(request) in seen or not is_leader_request(request):
+            continue
+        seen.add(id(request))
+        if not getattr(request, "leader_dispatched", False) and not request.acknowledged:
+            chosen.append(request)
+    return chosen
+
+
 def _of_term(request: Any, token: int) -> bool:
     run_token = getattr(request, "leader_token", None)
     return run_token is None or run_token <= token
@@ -325,26 +345,14 @@ class Coordinator:
         return self.runs_ended(term.token, KILL_SETTLE)
 
     def hand_back_waiting(self, token: int) -> None:
-        """Stop consuming, and hand back leader messages that never reached the pool. Loop thread.
-
-        A message the gate already sent to the pool is not handed back here,
-        even when the parent has not yet seen its run start. The child checks
-        the term itself before it runs, and its switch stops the run;
-        handing it back too would let the next leader run it at the same time.
-        """
+        """Stop consuming, and hand back leader messages that never reached the pool. Loop thread."""
         self.sync_consumption()
         consumer = self.consumer
         waiting = [
             *_snapshot(getattr(worker_state, "scheduled_requests", ())),
             *_snapshot(worker_state.reserved_requests),
         ]
-        seen: set[int] = set()
-        for request in waiting:
-            if id(request) in seen or not is_leader_request(request):
-                continue
-            seen.add(id(request))
-            if getattr(request, "leader_dispatched", False) or request.acknowledged:
-                continue
+        for request in never_dispatched(waiting):
             entry = getattr(request, "_eta_timer_entry", None)
             if entry is not None and consumer is not None and consumer.timer is not None:
                 consumer.timer.cancel(entry)

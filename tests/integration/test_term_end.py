@@ -162,3 +162,68 @@ def test_slow_store_calls_cannot_delay_the_end_of_the_term(cluster_for):
     assert gone_at < new_start["at"], (
         f"the new leader started {gone_at - new_start['at']:.2f} s before the old run ended"
     )
+
+
+@pytest.mark.slow
+def test_warm_shutdown_tells_a_slow_polling_task_before_anyone_else_leads(cluster_for):
+    """SIGTERM of the leader: its cancel task sees the loss at its next poll; then the release."""
+    cluster = cluster_for("redis")
+    cluster.start(2)
+    old = cluster.leader_worker()
+    cluster.send("poll_cancel", 30, "W", 1.5)
+    cluster.wait_history(lambda r: len(runs(r)) >= 1, 10)
+    time.sleep(0.2)
+    stream = Stream(cluster, interval=0.05)
+    try:
+        old.proc.send_signal(signal.SIGTERM)
+        new_start = first_start_elsewhere(cluster, old.nodename, 15)
+    finally:
+        stream.stop()
+    saw = [r for r in cluster.history() if r["kind"] == "saw-loss" and r.get("tag") == "W"]
+    assert saw, "the cooperative task was told its term ended"
+    assert saw[0]["at"] < new_start["at"]
+    assert new_start["at"] - saw[0]["at"] < TTL, "released as soon as the run stopped"
+
+
+@pytest.mark.slow
+def test_step_down_kills_a_finish_task_after_the_grace_period_in_prefork(cluster_for):
+    """A finish task at step-down: prefork kills it after leader_stop_grace, then releases."""
+    cluster = cluster_for("redis")
+    cluster.start(2)
+    old = cluster.leader_worker()
+    cluster.send("slow_finish", 30, "F")
+    rows = cluster.wait_history(lambda r: len(runs(r)) >= 1, 10)
+    started = runs(rows)[0]
+    asked_at = time.monotonic()
+    stream = Stream(cluster, interval=0.05)
+    try:
+        proc = cluster.celery("leader", "step-down", "--timeout", "20")
+        new_start = first_start_elsewhere(cluster, old.nodename, 15)
+    finally:
+        stream.stop()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "killing" in old.text() and started["task_id"] in old.text()
+    assert new_start["at"] - asked_at >= TTL * 0.9, "the task had its grace period"
+    ends = [r for r in cluster.history() if r["kind"] == "end" and r.get("tag") == "F"]
+    assert all(r["worker"] != old.nodename for r in ends), "the old run never finished"
+
+
+@pytest.mark.slow
+def test_threads_pool_keeps_the_lease_until_its_unstoppable_run_ends(cluster_for):
+    """A finish task in a threads pool: step-down exits 3; the lease goes only when it ended."""
+    cluster = cluster_for("redis")
+    cluster.start(2, pool="threads")
+    old = cluster.leader_worker()
+    cluster.send("slow_finish", 6, "K")
+    cluster.wait_history(lambda r: len(runs(r)) >= 1, 10)
+    stream = Stream(cluster, interval=0.05)
+    try:
+        proc = cluster.celery("leader", "step-down", "--timeout", "3")
+        assert proc.returncode == 3, proc.stdout + proc.stderr
+        assert "still run" in proc.stdout
+        new_start = first_start_elsewhere(cluster, old.nodename, 20)
+    finally:
+        stream.stop()
+    end = next(r for r in cluster.history() if r["kind"] == "end" and r.get("tag") == "K")
+    assert end["worker"] == old.nodename
+    assert end["at"] < new_start["at"], "nobody led while the old run still ran"
