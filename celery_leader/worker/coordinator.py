@@ -345,7 +345,7 @@ class Coordinator:
         return self.runs_ended(term.token, KILL_SETTLE)
 
     def hand_back_waiting(self, token: int) -> None:
-        """Stop consuming, and hand back leader messages that never reached the pool. Loop thread."""
+        """Stop consuming; hand back leader messages that never reached the pool. Loop thread."""
         self.sync_consumption()
         consumer = self.consumer
         waiting = [
