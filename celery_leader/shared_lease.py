@@ -42,8 +42,10 @@ class SharedLease:
         self._mem = mmap.mmap(-1, _LAYOUT.size)
         self._write_lock = threading.Lock()
         self._mem[:] = _LAYOUT.pack(0, 0, 0.0, 0)
-        #: The process that writes: runs there are never killed by a switch.
+        #: The process that writes (the worker's main process).
         self.owner_pid = os.getpid()
+        #: Which pool child runs which term, for the watchdog.
+        self.runs = RunTable()
 
     def _write(self, token: int, valid_until: float, revoked_through: int) -> None:
         seq = _LAYOUT.unpack(self._mem[:])[0]
@@ -86,3 +88,65 @@ class SharedLease:
         """True while *token* is the current term's and its validity has not run out."""
         current, valid_until = self.read()
         return bool(token) and current == token and time.monotonic() < valid_until
+
+
+_SLOT = struct.Struct("=qqq")  # sequence, pid, token
+#: Run slots, one per pool child index (billiard numbers children 0..n-1).
+RUN_SLOTS = 256
+
+
+class RunTable:
+    """Which pool child runs a ``terminate`` leader task under which term.
+
+    Shared memory made before the pool forks. A child writes only its own
+    slot, the one of its billiard process index. The watchdog reads every
+    slot, and clears the slot of a child it killed. A slot is read
+    consistently (a sequence number makes a torn read retry) before anyone
+    acts on it.
+    """
+
+    def __init__(self) -> None:
+        self._mem = mmap.mmap(-1, _SLOT.size * RUN_SLOTS)
+
+    def _write(self, index: int, pid: int, token: int) -> None:
+        offset = index * _SLOT.size
+        (seq,) = struct.unpack_from("=q", self._mem, offset)
+        struct.pack_into("=q", self._mem, offset, seq + 1)  # odd: write in progress
+        struct.pack_into("=qq", self._mem, offset + 8, pid, token)
+        struct.pack_into("=q", self._mem, offset, seq + 2)
+
+    def enter(self, index: int, token: int) -> None:
+        """Record that the calling process (pool child *index*) runs a task of *token*."""
+        self._write(index, os.getpid(), token)
+
+    def leave(self, index: int) -> None:
+        """Record that the leader run of pool child *index* ended."""
+        self._write(index, 0, 0)
+
+    def clear(self, index: int, pid: int) -> None:
+        """Forget slot *index* if it still names *pid* (its process is gone)."""
+        if self.slot(index)[0] == pid:
+            self._write(index, 0, 0)
+
+    def slot(self, index: int) -> tuple[int, int]:
+        """``(pid, token)`` of slot *index*, read consistently; ``(0, 0)`` when empty."""
+        offset = index * _SLOT.size
+        for _ in range(_RETRIES):
+            seq, pid, token = _SLOT.unpack_from(self._mem, offset)
+            if seq % 2 == 0 and struct.unpack_from("=q", self._mem, offset)[0] == seq:
+                return pid, token
+        return 0, 0
+
+    def busy(self) -> list[tuple[int, int, int]]:
+        """``(index, pid, token)`` of the slots in use, each read consistently.
+
+        One bulk copy finds candidate slots cheaply; each is then re-read
+        with its sequence check.
+        """
+        found = []
+        for index, (_, candidate, _) in enumerate(_SLOT.iter_unpack(bytes(self._mem))):
+            if candidate:
+                pid, token = self.slot(index)
+                if pid:
+                    found.append((index, pid, token))
+        return found

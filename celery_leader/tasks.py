@@ -37,7 +37,7 @@ from celery.local import Proxy
 from celery_leader.exceptions import ConfigurationError, LeaseLost
 from celery_leader.runtime import eager_token, leader_run, shared_lease
 from celery_leader.settings import default_name, default_queue, leader_task_patterns
-from celery_leader.term_end import OnLoss, run_switch, stop_run_in_task
+from celery_leader.term_end import OnLoss, stop_run_in_task, unwatch_run, watch_run
 
 logger = logging.getLogger(__name__)
 
@@ -84,10 +84,11 @@ class LeaderTaskMixin:
             stop_run_in_task(self, "the lease ended before the run started")
         assert shared is not None
         assert token is not None
-        switch = None
+        watched = None
         if getattr(request, "leader_on_loss", None) == OnLoss.TERMINATE.value:
-            switch = run_switch(shared)
-            if not switch.arm(token):
+            watched = watch_run(shared, token)  # the watchdog ends it at the deadline
+            if not shared.valid_for(token):  # revoked while we registered
+                unwatch_run(shared, watched)
                 stop_run_in_task(self, "the lease ended before the run started")
         try:
             with leader_run(name, token):
@@ -95,8 +96,7 @@ class LeaderTaskMixin:
         except LeaseLost:
             stop_run_in_task(self, "check_leadership() saw the lease lost")
         finally:
-            if switch is not None:
-                switch.disarm()
+            unwatch_run(shared, watched)
 
 
 class LeaderTask(LeaderTaskMixin, Task):  # type: ignore[misc]

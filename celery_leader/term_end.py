@@ -10,24 +10,22 @@ layer alone; the others only make it sooner.
 1. **The parent's kill.** The lease thread hears LOST (or a step-down or a
    shutdown revokes the term) and SIGKILLs the pool children that run
    ``terminate`` runs of the term.
-2. **The run's watcher.** A thread in the child reads the shared lease
-   every :data:`WATCH_INTERVAL` seconds. When the term was revoked, it
-   kills its own process. This also covers a run the parent has not yet
-   seen start.
-3. **The kernel's timer (the dead-man's switch).** While a ``terminate`` run
-   is in a prefork child, ``ITIMER_REAL`` is armed for the term's published
-   validity. ``SIGALRM`` keeps its default action, so the kernel ends the
-   child at the deadline without the interpreter's help. That holds even
-   when the child's main thread holds the GIL in a C call, when the watcher
-   is starved, and when the parent is stopped or stuck. Only a renewal that
-   the parent publishes moves the deadline, and the watcher is what re-arms
-   it. When re-arming is starved, the timer fires at the old deadline:
-   early, never late.
+2. **The watchdog (the dead-man's switch).** Each prefork worker forks one
+   small :class:`Watchdog` process before its pool. A child that starts a
+   ``terminate`` run writes (pid, token) into the shared run table. Every
+   :data:`WATCH_INTERVAL` seconds the watchdog compares each entry with the
+   shared lease. It SIGKILLs the child as soon as the term was revoked or its
+   published validity passed, and only a renewal that the parent publishes
+   extends that validity. The watchdog waits on nothing the run or the main
+   process does: it acts when the main process is stopped or stuck, when the
+   lease thread hangs in a store call, and when the run holds the GIL in a C
+   call. It also covers a run the parent has not yet seen start.
 
-Assumptions: the child is a forked prefork child, one run at a time per
-child (billiard's model). The task does not use ``SIGALRM``,
-``signal.alarm`` or ``ITIMER_REAL`` itself, since the switch owns them
-while a ``terminate`` run is in progress.
+Assumptions: the watchdog process is scheduled (a host so starved that it
+cannot run for a whole margin breaks the clock assumption of guarantee 1 as
+well). A process group frozen as a whole (SIGSTOP of the group, a paused VM)
+is a paused leader; only fencing tokens protect against that. Linux is
+needed, since the watchdog checks ``/proc/<pid>/stat`` before it kills.
 
 Policies (:class:`OnLoss`):
 
@@ -52,21 +50,21 @@ import enum
 import logging
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterable
 from contextlib import suppress
+from pathlib import Path
 from typing import Any
 
 from celery_leader.exceptions import ConfigurationError
-from celery_leader.shared_lease import SharedLease
+from celery_leader.shared_lease import RUN_SLOTS, SharedLease
 
 logger = logging.getLogger(__name__)
 
 #: Pools whose runs can be killed one by one (each run is a process).
 KILLABLE_POOLS = frozenset({"prefork", "processes"})
-#: How often a run's watcher reads the shared lease, in seconds.
-WATCH_INTERVAL = 0.02
+#: How often the watchdog reads the shared lease and the run table, in seconds.
+WATCH_INTERVAL = 0.01
 
 
 class OnLoss(str, enum.Enum):
@@ -144,16 +142,16 @@ def ended_by_term(request: Any, exc: BaseException, shared: SharedLease | None) 
     """True when a failed run of *request* failed because its term ended.
 
     That is the case when the parent killed it (``leader_revoked``), and when
-    its process was lost after the term ended, whether by the switch or with
-    the parent stalled. In both cases the run is handed back, not failed.
+    its process was lost after its term ended, whether the watchdog killed it
+    or the parent was stalled. Either way the run is handed back, not failed.
     """
     if getattr(request, "leader_revoked", False):
         return True
+    exc = getattr(exc, "exc", exc)  # billiard wraps it in ExceptionWithTraceback
     if type(exc).__name__ != "WorkerLostError":
         return False
     token = getattr(request, "leader_token", None)
-    expired = shared is None or not shared.valid_for(token)
-    return expired or "(SIGALRM)" in str(exc)
+    return shared is None or not shared.valid_for(token)
 
 
 # -- the parent's kill -------------------------------------------------------
@@ -190,88 +188,113 @@ def process_ended(pid: int) -> bool:
     return info is not None
 
 
-# -- the run's own switch (in a prefork child) -------------------------------
+# -- the deadline, enforced from outside the run (prefork) -------------------
 
 
-class RunSwitch:
-    """The dead-man's switch of ``terminate`` runs in one prefork child (see the module doc)."""
+def pool_child_index() -> int | None:
+    """The billiard pool index of the calling process, or None outside a prefork child."""
+    try:
+        from billiard.process import current_process  # noqa: PLC0415 - prefork only
+
+        index = getattr(current_process(), "index", None)
+    except Exception:  # noqa: BLE001 - no billiard, no index: the run is not watched
+        return None
+    return index if isinstance(index, int) and 0 <= index < RUN_SLOTS else None
+
+
+def watch_run(shared: SharedLease, token: int) -> int | None:
+    """In a prefork child: put this run under the watchdog; its slot index, or None.
+
+    Returns None (nothing registered) outside a prefork child.
+    """
+    index = pool_child_index()
+    if index is None or os.getpid() == shared.owner_pid:
+        return None
+    shared.runs.enter(index, token)
+    return index
+
+
+def unwatch_run(shared: SharedLease, index: int | None) -> None:
+    """The run registered by :func:`watch_run` ended."""
+    if index is not None:
+        shared.runs.leave(index)
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    return int(fields[1]) if len(fields) > 1 else None
+
+
+def enforce_deadlines(shared: SharedLease, worker_pid: int) -> list[int]:
+    """One pass of the watchdog: SIGKILL each pool child whose run's term is not valid now.
+
+    A run's term stops being valid when it is revoked or when its published
+    validity has passed. Only children of *worker_pid* are killed, so a slot
+    left by a dead child whose pid was reused elsewhere is cleared, never
+    acted on. Returns the pids killed.
+    """
+    killed = []
+    for index, pid, token in shared.runs.busy():
+        if shared.valid_for(token):
+            continue
+        if _parent_of(pid) == worker_pid:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        shared.runs.clear(index, pid)
+    return killed
+
+
+class Watchdog:
+    """A small process per prefork worker that ends runs at their term's deadline.
+
+    It is forked from the worker's main process before the pool. Every
+    :data:`WATCH_INTERVAL` seconds it reads the shared lease and the run
+    table, and SIGKILLs the pool children whose run's term was revoked or
+    ran out (:func:`enforce_deadlines`). Being its own process, it acts when
+    the main process is stopped or stuck, when the lease thread waits on a
+    store call, and when the run holds the GIL in C code. It exits when the
+    worker's main process is gone.
+    """
 
     def __init__(self, shared: SharedLease, interval: float = WATCH_INTERVAL) -> None:
         self._shared = shared
         self._interval = interval
-        self._lock = threading.Lock()
-        self._token: int | None = None
-        self._deadline = 0.0
-        self._kernel_timer = False
-        self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
+        self.pid: int | None = None
 
-    def arm(self, token: int) -> bool:
-        """Arm for a run under *token*; False (nothing armed) when the term is not valid now."""
-        current, valid_until = self._shared.read()
-        if current != token or time.monotonic() >= valid_until:
-            return False
-        if os.getpid() == self._shared.owner_pid:
-            return True  # never a switch in the worker's main process
-        with self._lock:
-            self._token = token
-            self._deadline = 0.0
-            self._kernel_timer = _take_sigalrm()
-            self._set_deadline(valid_until)
-        self._ensure_watcher()
-        return True
+    def start(self) -> None:
+        """Fork the watchdog (call before the pool forks, with as few threads as possible)."""
+        worker_pid = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the watchdog
+            code = 0
+            try:
+                for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1"):
+                    signal.signal(getattr(signal, name), signal.SIG_IGN)
+                while os.getppid() == worker_pid:
+                    enforce_deadlines(self._shared, worker_pid)
+                    time.sleep(self._interval)
+            except BaseException:  # noqa: BLE001 - never run the worker's cleanup here
+                code = 1
+            finally:
+                os._exit(code)
+        self.pid = pid
+        logger.info("celery-leader: run watchdog started (pid %d)", pid)
 
-    def disarm(self) -> None:
-        """The run ended: stop the timer and the watching."""
-        with self._lock:
-            self._token = None
-            if self._kernel_timer:
-                signal.setitimer(signal.ITIMER_REAL, 0)
+    def alive(self) -> bool:
+        """True while the watchdog runs."""
+        return self.pid is not None and not process_ended(self.pid)
 
-    def _set_deadline(self, valid_until: float) -> None:
-        """Move the kernel deadline to *valid_until* (lock held)."""
-        self._deadline = valid_until
-        if self._kernel_timer:
-            signal.setitimer(signal.ITIMER_REAL, max(valid_until - time.monotonic(), 1e-6))
-
-    def _ensure_watcher(self) -> None:
-        if self._thread is None or not self._thread.is_alive() or self._pid != os.getpid():
-            self._pid = os.getpid()
-            self._thread = threading.Thread(
-                target=self._watch, name="celery-leader-run-switch", daemon=True
-            )
-            self._thread.start()
-
-    def _watch(self) -> None:
-        while True:
-            time.sleep(self._interval)
-            with self._lock:
-                token = self._token
-                if token is None:
-                    continue
-                current, valid_until = self._shared.read()
-                if current != token or time.monotonic() >= valid_until:
-                    # Revoked, or past the deadline: end the run now, whatever it does.
-                    os.kill(os.getpid(), signal.SIGKILL)
-                elif valid_until > self._deadline:
-                    self._set_deadline(valid_until)
-
-
-def _take_sigalrm() -> bool:
-    """Give SIGALRM its default action (end the process); False where that is impossible."""
-    try:
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    except ValueError:  # not the main thread: leave it to the watcher
-        return signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
-    return True
-
-
-_switch: RunSwitch | None = None
-
-
-def run_switch(shared: SharedLease) -> RunSwitch:
-    """The switch of this process over *shared* (one per process, made on first use)."""
-    global _switch  # noqa: PLW0603 - one switch per (forked) process
-    if _switch is None or _switch._shared is not shared:
-        _switch = RunSwitch(shared)
-    return _switch
+    def stop(self) -> None:
+        """End the watchdog and reap it."""
+        pid, self.pid = self.pid, None
+        if pid is None:
+            return
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with suppress(ChildProcessError):
+            os.waitpid(pid, 0)

@@ -21,7 +21,7 @@ class Req:
 
     def __init__(self, leader=True, dispatched=False, acknowledged=False):
         self.task = Task(leader)
-        self.leader_dispatched = dispatched
+        self._apply_result = (lambda: None) if dispatched else None  # as Celery sets it
         self.acknowledged = acknowledged
 
 

@@ -13,8 +13,8 @@ turns its events into Celery actions:
   leader queue and hand back the leader messages that never reached the
   pool.
 
-What the end of a term does to a run (policies, the kill, the run's own
-switch, the hand-back rule) lives in :mod:`celery_leader.term_end`.
+What the end of a term does to a run (policies, the kill, the watchdog, the
+hand-back rule) lives in :mod:`celery_leader.term_end`.
 
 Stop, then release: the lease manager asks :meth:`Coordinator.work_stopped`
 before any release, so the lease is never freed while leader work of the
@@ -47,6 +47,7 @@ from celery_leader.stores.base import Holder, LeaseStore
 from celery_leader.term_end import (
     KILLABLE_POOLS,
     OnLoss,
+    Watchdog,
     effective_policy,
     kill_runs,
     process_ended,
@@ -100,7 +101,7 @@ def never_dispatched(requests: list[Any]) -> list[Any]:
 
     Only these may be handed back when a term ends. A request the gate sent
     to the pool belongs to the pool: the child checks the term before it runs
-    and its switch ends the run, so handing it back too could let the next
+    and the watchdog ends the run, so handing it back too could let the next
     leader run it while this child still does (a child may have started it
     before the parent read its acknowledgement).
     """
@@ -110,7 +111,10 @@ def never_dispatched(requests: list[Any]) -> list[Any]:
         if id(request) in seen or not is_leader_request(request):
             continue
         seen.add(id(request))
-        if not getattr(request, "leader_dispatched", False) and not request.acknowledged:
+        # Celery sets _apply_result on the loop thread as it hands the job to
+        # the pool; hand-backs run on the loop thread too, so they never race.
+        in_pool = getattr(request, "_apply_result", None) is not None
+        if not in_pool and not request.acknowledged:
             chosen.append(request)
     return chosen
 
@@ -150,14 +154,23 @@ class Coordinator:
         self._last_tick = time.monotonic()
         self._liveness_window = max(2 * settings.timing.renew_interval, 1.0)
         self._started = False
-        self._signals = SerialDispatcher("celery-leader-signals")
+        self._signals: SerialDispatcher | None = None
         self._lock = threading.Lock()
+        #: Ends prefork runs at their term's deadline (see celery_leader.term_end).
+        self.watchdog = Watchdog(self.shared) if pool_kind in KILLABLE_POOLS else None
 
     # -- wiring ---------------------------------------------------------------
 
     def install(self) -> None:
-        """Make this the process's coordinator and publish the shared lease (before forking)."""
+        """Make this the process's coordinator, share the lease, start the watchdog.
+
+        Call before the pool forks. The watchdog is forked first, before any
+        thread of ours exists.
+        """
         global _current  # noqa: PLW0603 - one coordinator per worker process
+        if self.watchdog is not None:
+            self.watchdog.start()
+        self._signals = SerialDispatcher("celery-leader-signals")
         _current = self
         install_shared_lease(self.shared)
 
@@ -256,6 +269,9 @@ class Coordinator:
         """Handle one event from the lease manager. Runs on the manager thread."""
         token = event.term.token
         if event.kind is EventKind.ELECTED:
+            if self.watchdog is not None and not self.watchdog.alive():
+                logger.error("celery-leader: the run watchdog died; starting a new one")
+                self.watchdog.start()
             self.shared.publish(token, event.term.valid_until)
             self.post(self.sync_consumption)
             self._send(signals.leader_elected, token=token)
@@ -270,6 +286,8 @@ class Coordinator:
                 self._send(signals.leader_released, token=token)
 
     def _send(self, signal_: Any, **kwargs: Any) -> None:
+        if self._signals is None:
+            return
         self._signals.submit(
             lambda: signal_.send(sender=self.nodename, name=self.settings.name, **kwargs)
         )
@@ -286,7 +304,7 @@ class Coordinator:
         try:
             runs = self.leader_runs(token)
         except SnapshotError:
-            logger.exception("celery-leader: cannot list runs; their own switches stop them")
+            logger.exception("celery-leader: cannot list runs; the watchdog stops them")
         else:
             doomed = [r for r in runs if self.policy_for(r.task) is OnLoss.TERMINATE]
             kill_runs(doomed, "lease lost")
@@ -436,7 +454,10 @@ class Coordinator:
         try:
             self.manager.stop(release=True)
         finally:
-            self._signals.close()
+            if self._signals is not None:
+                self._signals.close()
+            if self.watchdog is not None:
+                self.watchdog.stop()
             self.manager.store.close()
 
     # -- inspection -----------------------------------------------------------

@@ -8,7 +8,7 @@ is rejected *with requeue* (it goes back to the broker, never dropped, never
 run), and when it does, the term's fencing token goes into the request,
 where the task reads it as ``self.request.leader_token``. The policy that
 applies in this pool goes in too (``leader_on_loss``), so the child knows
-whether to arm its switch.
+whether to put the run under the watchdog.
 
 What a stopped run's message becomes is decided in
 :mod:`celery_leader.term_end`; this module only carries it out for requests.
@@ -70,9 +70,6 @@ class LeaderRequest(Request):  # type: ignore[misc]
             return True
         self._request_dict["leader_token"] = token
         self._request_dict["leader_on_loss"] = coordinator.policy_for(self.task).value
-        # From here the pool owns the run: revocation must not hand it back
-        # too, or the next leader could run it while this child still does.
-        self.leader_dispatched = True
         return False
 
     def hand_back(self, why: str) -> None:
@@ -113,8 +110,6 @@ class LeaderRequest(Request):  # type: ignore[misc]
 
     #: Set when the parent killed this run because its term ended.
     leader_revoked = False
-    #: Set when the gate admitted this request and sent it to the pool.
-    leader_dispatched = False
 
     @property
     def leader_token(self) -> Any:

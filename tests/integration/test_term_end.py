@@ -227,3 +227,18 @@ def test_threads_pool_keeps_the_lease_until_its_unstoppable_run_ends(cluster_for
     end = next(r for r in cluster.history() if r["kind"] == "end" and r.get("tag") == "K")
     assert end["worker"] == old.nodename
     assert end["at"] < new_start["at"], "nobody led while the old run still ran"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["long_terminate", "gil_terminate"])
+def test_a_healthy_leaders_long_terminate_run_outlives_many_ttls(cluster_for, task):
+    """Renewals move the switch: a terminate run lasting 3 ttls on a healthy leader completes."""
+    cluster = cluster_for("redis")
+    cluster.start(1)
+    leader = cluster.leader_worker()
+    cluster.send(task, 3 * TTL if task == "long_terminate" else 3 * 10**8)  # about 6 s
+    rows = cluster.wait_history(lambda r: bool(runs(r, "end")), 30)
+    ends = runs(rows, "end")
+    assert ends and ends[0]["worker"] == leader.nodename
+    assert ends[0]["at"] - runs(rows)[0]["at"] > 2 * TTL
+    assert "SIGALRM" not in leader.text() and "killing" not in leader.text()
