@@ -19,8 +19,8 @@ from celery_leader.term_end import (
     OnLoss,
     Watchdog,
     effective_policy,
-    enforce_deadlines,
     ended_by_term,
+    enforce_deadlines,
     process_ended,
 )
 
