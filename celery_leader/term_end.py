@@ -141,11 +141,11 @@ def settle_stopped_run(request: Any) -> None:
 def ended_by_term(request: Any, exc: BaseException, shared: SharedLease | None) -> bool:
     """True when a failed run of *request* failed because its term ended.
 
-    That is the case when the parent killed it (``leader_revoked``), and when
+    That is the case when the parent killed it (``leader_killed``), and when
     its process was lost after its term ended, whether the watchdog killed it
     or the parent was stalled. Either way the run is handed back, not failed.
     """
-    if getattr(request, "leader_revoked", False):
+    if getattr(request, "leader_killed", False):
         return True
     exc = getattr(exc, "exc", exc)  # billiard wraps it in ExceptionWithTraceback
     if type(exc).__name__ != "WorkerLostError":
@@ -165,7 +165,7 @@ def kill_runs(requests: Iterable[Any], reason: str) -> list[int]:
     """
     killed = []
     for request in requests:
-        request.leader_revoked = True
+        request.leader_killed = True
         pid = request.worker_pid
         if pid and pid != os.getpid():
             logger.warning(

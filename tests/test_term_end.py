@@ -155,7 +155,7 @@ def test_watchdog_process_ends_runs_and_exits_with_its_worker():
 
 class Request:
     def __init__(self, token, revoked=False):
-        self.leader_token, self.leader_revoked = token, revoked
+        self.leader_token, self.leader_killed = token, revoked
 
 
 def test_a_lost_worker_is_a_hand_back_only_when_its_term_ended():

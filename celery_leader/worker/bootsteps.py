@@ -34,7 +34,7 @@ from celery_leader.settings import LeaderSettings, settings_for_app
 from celery_leader.stores import open_store
 from celery_leader.tasks import ensure_router, resolve_leader_tasks
 from celery_leader.worker import control as _control  # noqa: F401 - registers the commands
-from celery_leader.worker.coordinator import Coordinator
+from celery_leader.worker.coordinator import Coordinator, current_coordinator
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class LeaderConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def start(self, c: Any) -> None:
         """After (re)connecting: keep the liveness tick going and sync the leader queue."""
-        coordinator = getattr(c.controller, "celery_leader", None)
+        coordinator = current_coordinator()
         if coordinator is None:
             return
         interval = max(0.05, coordinator.settings.timing.renew_interval / 3)
@@ -81,7 +81,7 @@ class LeaderConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def stop(self, c: Any) -> None:
         """Before a reconnect or shutdown: the loop will not tick until started again."""
-        coordinator = getattr(c.controller, "celery_leader", None)
+        coordinator = current_coordinator()
         if self._ticker is not None:
             self._ticker.cancel()
             self._ticker = None
@@ -138,7 +138,6 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
                     f"served: {exc}"
                 ) from None
         coordinator.install()
-        worker.celery_leader = coordinator
         self.coordinator = coordinator
         self._chain_on_stopped(worker)
         logger.info(

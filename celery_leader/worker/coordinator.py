@@ -333,7 +333,7 @@ class Coordinator:
                 running = [
                     r
                     for r in self.leader_runs(token)
-                    if not (r.leader_revoked and r.worker_pid and process_ended(r.worker_pid))
+                    if not (r.leader_killed and r.worker_pid and process_ended(r.worker_pid))
                 ]
             except SnapshotError:
                 running = [None]  # unknown: assume work still runs

@@ -109,7 +109,7 @@ class LeaderRequest(Request):  # type: ignore[misc]
         return None
 
     #: Set when the parent killed this run because its term ended.
-    leader_revoked = False
+    leader_killed = False
 
     @property
     def leader_token(self) -> Any:
