@@ -9,27 +9,39 @@ id before touching the key.
 
 What Redis can do to a lease, and what this store does about it:
 
-* **Restart without persistence** (or a flush, or eviction of the counter key):
-  the lease and the token counter vanish. The next acquire sees the counter
-  missing, restarts it from the server's clock in microseconds (so tokens keep
-  increasing, provided the server's clock does not go back), and reports a
-  hold-off of one ttl: the old holder may still trust its local validity for
-  up to one ttl, so the new holder must not act before then.
-* **Failover of a replicated Redis** (Sentinel, cluster): writes acknowledged
-  by the old primary but not yet replicated are lost, which looks like the
-  case above *only if the counter is lost too*. A replica that kept the
-  counter but lost a recent acquire can let two holders overlap. Point the
-  store at a single primary, or accept that fencing tokens (not the lease)
-  are what protects your data across such a failover.
+* **Tokens never repeat and never go back**: every acquire issues
+  ``max(last + 1, server time in microseconds)``. A counter that a restore
+  brought back behind the latest term (or that was lost) cannot produce an
+  earlier token, provided the server's clock does not go back by more than
+  the time between two acquisitions.
+* **A store that forgot is noticed by what a restore cannot bring back**: the
+  server's ``run_id``, which changes on every restart. Each acquire records
+  it, and a different one at the next acquire means the store may have
+  forgotten the latest term. That covers a restart without persistence, a
+  restart from an RDB snapshot or an AOF older than the last write, and a
+  failover to a replica. A lease that vanished before the end recorded for it
+  (eviction of the short-TTL lease key by ``maxmemory-policy volatile-*``, or
+  an operator's DEL) counts as forgotten too. Either way the new holder holds
+  off one ttl, since the old holder may still trust its local validity that
+  long. A first acquire on a new store (or on one written by an older version)
+  holds off too. When ``maxmemory`` is set with an eviction policy, the store
+  warns once.
+* **Failover of a replicated Redis** (Sentinel, cluster): the new primary's
+  run id differs, so the new holder holds off as above, and tokens keep
+  rising as long as the new primary's clock is not behind. Writes the old
+  primary acknowledged but never replicated are lost. Fencing tokens, not the
+  lease, protect your data across such a failover.
 * **Pauses** (a stopped server, a long fork): calls time out on the client
   after ``timeout`` seconds; the holder declares loss before its validity
   ends. An acquire that timed out may still be applied when the server
   resumes: the next acquire recognises the caller's own lease id and takes
   it over with a new token instead of waiting a ttl.
 
-Keys, per election name ``N`` (the braces keep both in one cluster slot):
+Keys, per election name ``N`` (the braces keep them in one cluster slot):
 ``celery-leader:{N}:lease`` (JSON holder record, with a TTL),
 ``celery-leader:{N}:token`` (the fencing counter, no TTL),
+``celery-leader:{N}:meta`` (the run id of the server that recorded the last
+term and the end recorded for the lease; no TTL),
 ``celery-leader:{N}:state`` (a hash the holder may write, e.g. beat's last
 sends; no TTL) and the pub/sub
 channel ``celery-leader:{N}:released``.
@@ -75,6 +87,11 @@ def token_key(name: str) -> str:
     return f"{KEY_PREFIX}:{{{name}}}:token"
 
 
+def meta_key(name: str) -> str:
+    """The hash recording which server process saw the last term, and when its lease ends."""
+    return f"{KEY_PREFIX}:{{{name}}}:meta"
+
+
 def state_key(name: str) -> str:
     """The hash that holds the small state kept beside the lease of *name*."""
     return f"{KEY_PREFIX}:{{{name}}}:state"
@@ -108,15 +125,17 @@ class RedisLeaseStore:
     )
     ttl_range: tuple[float | None, float | None] = (None, None)
 
-    # KEYS[1] lease key, KEYS[2] token counter.
+    # KEYS[1] lease key, KEYS[2] token counter, KEYS[3] meta hash.
     # ARGV[1] lease id, ARGV[2] holder JSON without its closing brace,
     # ARGV[3] ttl in ms, ARGV[4] lowest token the caller will accept minus one.
     # Returns {1, token, hold_off_us} when acquired, {0, pttl_ms, value} when not.
-    # Numbers leave Lua through string.format('%d'): tostring() keeps only 14
-    # digits, and tokens derived from the clock have 16.
+    # Tokens are max(last + 1, server time in us, floor + 1): Lua numbers are
+    # doubles, exact to 2^53 (the clock reaches that in the year 2255). They
+    # leave Lua through string.format('%d'): tostring() keeps only 14 digits.
     ACQUIRE_LUA = """
     local now = redis.call('TIME')
     local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+    local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
     local current = redis.call('GET', KEYS[1])
     local hold_until = 0
     if current then
@@ -126,41 +145,52 @@ class RedisLeaseStore:
       end
       hold_until = tonumber(rec['hold_until_us']) or 0
     end
-    local floor = tonumber(ARGV[4])
-    local last = redis.call('GET', KEYS[2])
-    if not last then
-      if now_us > floor then floor = now_us end
-      hold_until = now_us + tonumber(ARGV[3]) * 1000
-      redis.call('SET', KEYS[2], string.format('%d', floor))
-    elseif (tonumber(last) or 0) < floor then
-      redis.call('SET', KEYS[2], string.format('%d', floor))
+    local ttl_us = tonumber(ARGV[3]) * 1000
+    local recorded_end = tonumber(redis.call('HGET', KEYS[3], 'lease_end_us')) or 0
+    if redis.call('HGET', KEYS[3], 'run_id') ~= run_id
+       or (not current and recorded_end > now_us) then
+      hold_until = now_us + ttl_us  -- the store forgot: the old holder may still act
     end
-    local token = redis.call('INCR', KEYS[2])
+    local raw_last = redis.call('GET', KEYS[2])
+    local last = 0
+    if raw_last then
+      last = tonumber(raw_last)
+      if not last then return redis.error_reply('the token counter is not a number') end
+    end
+    local token = math.max(last + 1, now_us, tonumber(ARGV[4]) + 1)
+    local token_text = string.format('%d', token)
+    redis.call('SET', KEYS[2], token_text)
+    redis.call('HSET', KEYS[3], 'run_id', run_id,
+               'lease_end_us', string.format('%d', now_us + ttl_us))
     local hold_us = hold_until - now_us
     if hold_us < 0 then hold_us = 0 end
-    local value = ARGV[2] .. ',"token":' .. string.format('%d', token)
+    local value = ARGV[2] .. ',"token":' .. token_text
       .. ',"acquired_at":' .. now[1] .. '.' .. string.format('%06d', tonumber(now[2]))
       .. ',"hold_until_us":' .. string.format('%d', hold_until) .. '}'
     redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
-    return {1, token, hold_us}
+    return {1, token_text, hold_us}
     """
 
-    # KEYS[1] lease key. ARGV[1] lease id, ARGV[2] ttl in ms.
+    # KEYS[1] lease key, KEYS[2] meta hash. ARGV[1] lease id, ARGV[2] ttl in ms.
     # Returns 1 when the lease was ours and now lasts ttl from now, else 0.
     RENEW_LUA = (
         _HELD_BY_ARGV1
         + """
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    local now = redis.call('TIME')
+    local end_us = tonumber(now[1]) * 1000000 + tonumber(now[2]) + tonumber(ARGV[2]) * 1000
+    redis.call('HSET', KEYS[2], 'lease_end_us', string.format('%d', end_us))
     return 1
     """
     )
 
-    # KEYS[1] lease key. ARGV[1] lease id, ARGV[2] release channel.
+    # KEYS[1] lease key, KEYS[2] meta hash. ARGV[1] lease id, ARGV[2] release channel.
     # Returns 1 when the lease was ours and is now deleted (and announced), else 0.
     RELEASE_LUA = (
         _HELD_BY_ARGV1
         + """
     redis.call('DEL', KEYS[1])
+    redis.call('HSET', KEYS[2], 'lease_end_us', '0')
     redis.call('PUBLISH', ARGV[2], 'released')
     return 1
     """
@@ -192,6 +222,7 @@ class RedisLeaseStore:
         self._release = client.register_script(self.RELEASE_LUA)
         self._read = client.register_script(self.READ_LUA)
         self._set_state = client.register_script(self.SET_STATE_LUA)
+        self._eviction_checked = False
 
     @classmethod
     def from_url(
@@ -242,9 +273,10 @@ class RedisLeaseStore:
         ttl_ms = max(1, int(ttl * 1000))
         with self._translated("acquire"):
             reply = self._acquire(
-                keys=[lease_key(name), token_key(name)],
+                keys=[lease_key(name), token_key(name), meta_key(name)],
                 args=[holder.lease_id, prefix, ttl_ms, int(min_token)],
             )
+        self._warn_if_evicting()
         if int(reply[0]) == 1:
             return AcquireResult(acquired=True, token=int(reply[1]), hold_off=int(reply[2]) / 1e6)
         pttl_ms = int(reply[1])
@@ -256,15 +288,39 @@ class RedisLeaseStore:
             foreign=record is None,
         )
 
+    def _warn_if_evicting(self) -> None:
+        """Once per store: warn when the server may evict the lease's keys."""
+        if self._eviction_checked:
+            return
+        self._eviction_checked = True
+        try:
+            memory = self._client.info("memory")
+        except redis.RedisError:
+            return
+        policy = str(memory.get("maxmemory_policy", "noeviction"))
+        if int(memory.get("maxmemory", 0) or 0) > 0 and policy != "noeviction":
+            logger.warning(
+                "celery-leader: %s may evict keys (maxmemory-policy %s): an evicted lease "
+                "makes the next leader wait one ttl; give the lease store its own Redis "
+                "or database with maxmemory-policy noeviction",
+                self.url,
+                policy,
+            )
+
     def renew(self, name: str, lease_id: str, ttl: float) -> bool:
-        """Compare-and-set PEXPIRE on our own lease."""
+        """Compare-and-set PEXPIRE on our own lease (and its recorded end)."""
         with self._translated("renew"):
-            return int(self._renew(keys=[lease_key(name)], args=[lease_id, int(ttl * 1000)])) == 1
+            reply = self._renew(
+                keys=[lease_key(name), meta_key(name)], args=[lease_id, int(ttl * 1000)]
+            )
+        return int(reply) == 1
 
     def release(self, name: str, lease_id: str) -> bool:
         """Compare-and-set DEL of our own lease, announced on the release channel."""
         with self._translated("release"):
-            reply = self._release(keys=[lease_key(name)], args=[lease_id, release_channel(name)])
+            reply = self._release(
+                keys=[lease_key(name), meta_key(name)], args=[lease_id, release_channel(name)]
+            )
         return int(reply) == 1
 
     def read(self, name: str) -> LeaseRecord | None:

@@ -201,3 +201,51 @@ def test_wrong_password_logs_masked_error_and_keeps_trying(tmp_path, caplog):
         manager.stop()
         store.close()
         server.stop()
+
+
+@pytest.mark.slow
+def test_restart_from_an_older_snapshot_never_repeats_a_token(redis_server, clusters):
+    """Redis killed and restarted at once from a snapshot older than the last term.
+
+    It comes back with the token counter behind and the latest term gone, as
+    redis-server's default persistence does. The next term must still get a
+    greater token than every earlier one, and wait one ttl before acting.
+    """
+    timing = LeaseTiming.create(TTL)
+    cluster = Cluster(redis_server.url, 3, timing=timing).start()
+    clusters.append(cluster)
+    first = cluster.wait_leader(TTL * 2 + 5)
+    redis_server.client().save()  # the snapshot: counter at the first term's token
+    first.stop()  # hand over: the next term (and token) is newer than the snapshot
+    second = cluster.wait_leader(TTL * 2 + 5, exclude=first)
+    time.sleep(0.2)
+    redis_server.kill()
+    restarted_at = time.monotonic()
+    redis_server.start()  # loads the older snapshot
+    assert wait_for(lambda: not second.is_leader(), TTL + 0.5)
+    cluster.wait_leader(TTL * 3 + 5)
+    time.sleep(TTL)
+    terms = cluster.history.terms()
+    tokens = [t.token for t in terms]
+    assert len(set(tokens)) == len(tokens), f"a token was handed out twice: {tokens}"
+    assert tokens == sorted(tokens)
+    assert cluster.history.overlaps() == []
+    after = [t for t in terms if t.start > restarted_at]
+    assert after and after[0].start - restarted_at >= TTL * 0.9, "the store that forgot held off"
+
+
+@pytest.mark.slow
+def test_lease_key_deleted_alone_makes_the_next_holder_wait(redis_server, clusters):
+    """The lease key vanishes before its expiry (eviction, an operator's DEL): hold off one ttl."""
+    timing = LeaseTiming.create(TTL)
+    cluster = Cluster(redis_server.url, 3, timing=timing).start()
+    clusters.append(cluster)
+    old = cluster.wait_leader(TTL * 2 + 5)
+    redis_server.client().delete(lease_key(cluster.name))
+    deleted_at = time.monotonic()
+    assert wait_for(lambda: not old.is_leader(), TTL + 0.5)
+    time.sleep(TTL * 2)
+    cluster.wait_leader(TTL * 3 + 5)
+    assert cluster.history.overlaps() == []
+    after = [t for t in cluster.history.terms() if t.start > deleted_at]
+    assert after and after[0].start - deleted_at >= TTL * 0.9
