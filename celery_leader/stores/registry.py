@@ -33,6 +33,10 @@ def _store_paths() -> dict[str, str]:
     return paths
 
 
+#: Schemes for tests in one process; never offered in error hints.
+TEST_ONLY_SCHEMES = frozenset({"memory"})
+
+
 def available_schemes() -> list[str]:
     """The URL schemes a store is registered for, sorted."""
     return sorted(_store_paths())
@@ -54,7 +58,8 @@ def store_class(url: str) -> Any:
     if scheme not in paths:
         raise ConfigurationError(
             f"leader_backend_url={mask_url(url)!r} is not allowed: unknown scheme "
-            f"{scheme!r}; use one of {', '.join(s + '://' for s in sorted(paths))}"
+            f"{scheme!r}; use one of "
+            f"{', '.join(s + '://' for s in sorted(paths) if s not in TEST_ONLY_SCHEMES)}"
         )
     try:
         return _load(paths[scheme])

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 from celery import bootsteps
@@ -32,6 +33,7 @@ from celery.exceptions import ImproperlyConfigured
 from celery_leader.exceptions import ConfigurationError
 from celery_leader.settings import LeaderSettings, settings_for_app
 from celery_leader.stores import open_store
+from celery_leader.stores.registry import TEST_ONLY_SCHEMES
 from celery_leader.tasks import ensure_router, resolve_leader_tasks
 from celery_leader.worker import control as _control  # noqa: F401 - registers the commands
 from celery_leader.worker.coordinator import Coordinator, current_coordinator
@@ -51,6 +53,24 @@ class WorkerConfigurationError(ImproperlyConfigured, click.ClickException):  # t
     def __init__(self, message: str) -> None:
         ImproperlyConfigured.__init__(self, message)
         click.ClickException.__init__(self, message)
+
+
+ERR_MEMORY_STORE = (
+    "celery-leader: leader_backend_url='memory://' is not allowed in a celery worker process: "
+    "it is a store for tests in one process (celery.contrib.testing.worker.start_worker); "
+    "workers need a shared store: redis://, rediss://, unix://, sqlite:/// or azureblob://"
+)
+
+
+def _is_test_only(url: str) -> bool:
+    return urlsplit(url).scheme.lower() in TEST_ONLY_SCHEMES
+
+
+def _in_process(worker: Any) -> bool:
+    """True for a worker that runs inside a test process (Celery's ``start_worker``)."""
+    from celery.contrib.testing.worker import TestWorkController  # noqa: PLC0415 - tests only
+
+    return isinstance(worker, TestWorkController)
 
 
 def pool_kind(worker: Any) -> str:
@@ -103,6 +123,8 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
             self.settings: LeaderSettings = settings_for_app(app)
         except ConfigurationError as exc:
             raise WorkerConfigurationError(f"celery-leader: {exc}") from None
+        if _is_test_only(self.settings.backend_url) and not _in_process(worker):
+            raise WorkerConfigurationError(ERR_MEMORY_STORE)
         app.steps["consumer"].add(LeaderConsumer)
         ensure_router(app)
         # Workers consume every queue in task_queues by default: followers

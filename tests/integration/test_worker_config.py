@@ -26,6 +26,7 @@ def runs(rows, kind="start"):
             {"LEADER_STORE": "mongodb://u:hunter2@h/db"},
             ["leader_backend_url", "'mongodb'", "redis://"],
         ),
+        ({"LEADER_STORE": "memory://"}, ["memory://", "not allowed in a celery worker process"]),
     ],
 )
 def test_bad_settings_stop_the_worker_with_one_clear_line(cluster_for, env, fragments):
@@ -57,6 +58,8 @@ def test_bad_settings_stop_the_worker_with_one_clear_line(cluster_for, env, frag
     for fragment in fragments:
         assert fragment in errors[0]
     assert "hunter2" not in output
+    if "mongodb" in env.get("LEADER_STORE", ""):
+        assert "memory://" not in errors[0], "the hint does not offer the test-only store"
 
 
 def leader_errors(worker):
