@@ -2,6 +2,7 @@
 
 Run from the repository root:
     .venv/bin/python -m benchmarks.workers [--rounds 10] [--ttl 3 10] [--json FILE]
+        [--only revocation] [--revocation-rounds N]
 
 Prints one table per ttl:
 * crash failover: SIGKILL of the leading worker to the first leader task on the
@@ -9,8 +10,23 @@ Prints one table per ttl:
   standby's election after that, and the first task after the election;
 * graceful handover: SIGTERM of the idle leader to the first leader task on
   the new leader, and the part of it from the lease's release;
-* revocation: the leader's local loss of the lease (store paused) to its
-  running terminate-policy task being gone;
+* revocation, each measured on a fresh one-worker cluster while a
+  terminate-policy task (``long_terminate``) runs in a pool child, "gone"
+  meaning the child exited (a zombie its stopped parent cannot reap counts):
+  - store paused: the leader's local loss of the lease ("lost the lead" in
+    its log) to the child being gone;
+  - store slowed: the leader's store connection behind a FaultProxy in
+    trickle mode, as in tests/integration/test_term_end.py (right after a
+    renewal every reply just inside the read timeout, the fourth on a
+    connection held, the server's scripts flushed): the local loss to the
+    child being gone, and the slowdown itself (the lease's end in the store
+    is about one ttl after it) to the child being gone;
+  - main process stopped: SIGSTOP of the worker's main pid alone, at a
+    random point of the renew cycle, to the child being gone, also as a
+    fraction of the ttl;
+  measured at the first ttl only, or at every ttl with ``--only revocation``
+  (which runs nothing else); ``--revocation-rounds`` rounds each (default:
+  ``--rounds``, at most 5);
 * gate overhead (once): throughput of leader-only no-op tasks over plain
   ones on one prefork worker.
 """
@@ -19,17 +35,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import signal
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
+import redis
+
 from benchmarks.stats import spread
+from tests.chaos.proxy import FaultProxy
 from tests.integration.conftest import Cluster
+
+
+def _dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def runs(rows, kind="start"):
@@ -44,7 +70,7 @@ def lease_pttl(cluster: Cluster) -> float:
 
 
 def crash_rounds(tmp: Path, ttl: float, rounds: int) -> list[dict[str, float]]:
-    cluster = Cluster(tmp / "crash", "redis")
+    cluster = Cluster(_dir(tmp / "crash"), "redis")
     cluster.env["LEADER_TTL"] = str(ttl)
     results = []
     rng = random.Random(1)
@@ -91,7 +117,7 @@ def crash_rounds(tmp: Path, ttl: float, rounds: int) -> list[dict[str, float]]:
 
 def handover_rounds(tmp: Path, ttl: float, rounds: int) -> list[dict[str, float]]:
     """Per round: SIGTERM -> first leader task on another worker, and release -> that task."""
-    cluster = Cluster(tmp / "handover", "redis")
+    cluster = Cluster(_dir(tmp / "handover"), "redis")
     cluster.env["LEADER_TTL"] = str(ttl)
     results = []
     try:
@@ -130,38 +156,148 @@ _LOG_TIME = re.compile(
 )
 
 
+def _lost_wall(text: str) -> float:
+    """Wall time of the worker's first "lost the lead" log line."""
+    lines = [m for m in map(_LOG_TIME.match, text.splitlines()) if m]
+    if not lines:
+        raise RuntimeError("the leader never logged the loss of its lease")
+    return datetime.strptime(lines[0].group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def _one_run(cluster: Cluster, ttl: float) -> int:
+    """Elect the cluster's worker, start a long terminate run; the pid of its pool child."""
+    cluster.leader_worker(timeout=ttl * 3 + 10)
+    cluster.send("long_terminate", 60)
+    rows = cluster.wait_history(runs, 10)
+    if not runs(rows):
+        raise RuntimeError("the long terminate task did not start")
+    return int(runs(rows)[0]["pid"])
+
+
 def revocation_rounds(tmp: Path, ttl: float, rounds: int) -> list[float]:
+    """Per round: store paused; the leader's "lost the lead" -> its terminate run gone."""
     results = []
     for round_ in range(rounds):
-        cluster = Cluster(tmp / "revoke" / str(round_), "redis")
+        cluster = Cluster(_dir(tmp / "revoke" / str(round_)), "redis")
         cluster.env["LEADER_TTL"] = str(ttl)
         try:
             (worker,) = cluster.start(1)
-            cluster.leader_worker(timeout=ttl * 3 + 10)
-            cluster.send("long_terminate", 60)
-            rows = cluster.wait_history(runs, 10)
-            pid = runs(rows)[0]["pid"]
+            pid = _one_run(cluster, ttl)
             cluster.store.pause()
             try:
-                while _pid_alive(pid):
-                    time.sleep(0.002)
-                gone_wall = time.time()
+                gone = wait_gone(pid, ttl * 3 + 10)
             finally:
                 cluster.store.resume()
-            lines = [m for m in map(_LOG_TIME.match, worker.text().splitlines()) if m]
-            lost_wall = datetime.strptime(lines[0].group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            results.append(gone_wall - lost_wall)
+            if gone is None:
+                raise RuntimeError("the terminate run outlived a paused store")
+            results.append(gone[1] - _lost_wall(worker.text()))
         finally:
             cluster.close()
     return results
 
 
-def _pid_alive(pid: int) -> bool:
+def slow_store_rounds(tmp: Path, ttl: float, rounds: int) -> list[dict[str, float]]:
+    """Per round: the leader's store slowed; loss -> run gone, and slowdown -> run gone.
+
+    Timing as in tests/integration/test_term_end.py, scaled to the ttl: renew
+    every 0.3 ttl, store calls bounded at 0.6 ttl (so one read may take 0.3
+    ttl), each reply 0.275 ttl late, the fourth on a connection held.
+    """
+    results = []
+    for round_ in range(rounds):
+        cluster = Cluster(_dir(tmp / "slow" / str(round_)), "redis")
+        cluster.env.update(
+            LEADER_TTL=str(ttl),
+            LEADER_RENEW=f"{0.3 * ttl:g}",
+            LEADER_STORE_TIMEOUT=f"{0.6 * ttl:g}",
+        )
+        proxy = FaultProxy(cluster.store.port)
+        direct = cluster.env["LEADER_STORE"]
+        admin = redis.Redis.from_url(direct)
+        try:
+            cluster.env["LEADER_STORE"] = f"redis://127.0.0.1:{proxy.port}/0"
+            try:
+                (worker,) = cluster.start(1)
+            finally:
+                cluster.env["LEADER_STORE"] = direct
+            pid = _one_run(cluster, ttl)
+            time.sleep(0.3)
+            proxy.after_next_reply("trickle", delay=0.275 * ttl, hang_after=3)
+            deadline = time.monotonic() + ttl * 2
+            while proxy.mode != "trickle" and time.monotonic() < deadline:
+                time.sleep(0.001)
+            if proxy.mode != "trickle":
+                raise RuntimeError("no store reply to slow down")
+            slowed_at = time.monotonic()
+            admin.script_flush()
+            gone = wait_gone(pid, ttl * 3 + 10)
+            if gone is None:
+                raise RuntimeError("the terminate run outlived a slow store")
+            results.append(
+                {"lost": gone[1] - _lost_wall(worker.text()), "slowed": gone[0] - slowed_at}
+            )
+        finally:
+            proxy.set_mode("pass")
+            proxy.close()
+            admin.close()
+            cluster.close()
+    return results
+
+
+def stall_rounds(tmp: Path, ttl: float, rounds: int) -> list[float]:
+    """Per round: SIGSTOP of the main process alone -> its pool child's terminate run gone."""
+    results = []
+    rng = random.Random(2)
+    for round_ in range(rounds):
+        cluster = Cluster(_dir(tmp / "stall" / str(round_)), "redis")
+        cluster.env["LEADER_TTL"] = str(ttl)
+        try:
+            (worker,) = cluster.start(1)
+            pid = _one_run(cluster, ttl)
+            time.sleep(0.3 + rng.uniform(0, ttl / 3))  # anywhere in the renew cycle
+            os.kill(worker.proc.pid, signal.SIGSTOP)  # the main process alone
+            stopped_at = time.monotonic()
+            try:
+                gone = wait_gone(pid, ttl * 3 + 10)
+            finally:
+                os.kill(worker.proc.pid, signal.SIGCONT)
+            if gone is None:
+                raise RuntimeError("the terminate run outlived its stopped main process")
+            results.append(gone[0] - stopped_at)
+        finally:
+            cluster.close()
+    return results
+
+
+def gone_or_zombie(pid: int) -> bool:
+    """True when *pid* no longer runs (exited, or a zombie its stopped parent cannot reap)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split()[2] != "Z"
-    except OSError:
-        return False
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+def wait_gone(pid: int, timeout: float) -> tuple[float, float] | None:
+    """(monotonic, wall) time at which *pid* was first seen gone, or None within *timeout*."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if gone_or_zombie(pid):
+            return time.monotonic(), time.time()
+        time.sleep(0.002)
+    return None
+
+
+def revocation_figures(tmp: Path, ttl: float, rounds: int) -> dict[str, list[float]]:
+    """Every revocation measurement at *ttl*, *rounds* rounds each."""
+    slowed = slow_store_rounds(tmp, ttl, rounds)
+    return {
+        "paused": revocation_rounds(tmp, ttl, rounds),
+        "slowed_lost": [r["lost"] for r in slowed],
+        "slowed": [r["slowed"] for r in slowed],
+        "stalled": stall_rounds(tmp, ttl, rounds),
+    }
 
 
 def throughput(tmp: Path, count: int) -> tuple[float, float]:
@@ -172,7 +308,7 @@ def throughput(tmp: Path, count: int) -> tuple[float, float]:
     """
     rates: dict[str, list[float]] = {}
     for kind in ("plain", "leader") * 3:
-        cluster = Cluster(tmp / "throughput", "redis")
+        cluster = Cluster(_dir(tmp / "throughput"), "redis")
         try:
             for _ in range(count):
                 cluster.send(f"noop_{kind}")
@@ -193,26 +329,66 @@ def throughput(tmp: Path, count: int) -> tuple[float, float]:
     return statistics.median(rates["leader"]), statistics.median(rates["plain"])
 
 
-def print_ttl_table(
-    ttl: float,
-    rounds: int,
-    crash: list[dict[str, float]],
-    handover: list[dict[str, float]],
-    revocation: list[float] | None,
-) -> None:
-    renew = ttl / 3
+Row = Callable[..., None]
+
+
+def table(title: str) -> Row:
+    """Print a table's title and head; return the function that prints one row."""
 
     def row(label: str, values: list[float], goal: str = "", ok: bool = True) -> None:
         verdict = ("met" if ok else "MISSED") if goal else ""
         columns = " | ".join(f"{v:7.3f}" for v in spread(values))
         print(f"| {label:<52} | {columns} | {goal:<26} | {verdict:<6} |")
 
-    print(f"\nworkers end to end: Redis broker and store, ttl {ttl:g} s, {rounds} rounds\n")
+    print(f"\n{title}\n")
     print(
         f"| {'measure (seconds)':<52} | {'median':>7} | {'p90':>7} | {'worst':>7} "
         f"| {'goal':<26} | {'':<6} |"
     )
     print(f"|{'-' * 54}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 28}|{'-' * 8}|")
+    return row
+
+
+def revocation_rows(row: Row, ttl: float, figures: dict[str, list[float]]) -> None:
+    renew = ttl / 3
+    paused, lost = figures["paused"], figures["slowed_lost"]
+    slowed, stalled = figures["slowed"], figures["stalled"]
+    row(
+        "revocation: loss declared -> terminate run gone",
+        paused,
+        f"<= renew + 1 = {renew + 1:.2f}",
+        max(paused) <= renew + 1,
+    )
+    row(
+        "revocation, store slowed: loss -> run gone",
+        lost,
+        f"<= renew + 1 = {renew + 1:.2f}",
+        max(lost) <= renew + 1,
+    )
+    row(
+        "  store slowed (after a renewal) -> run gone",
+        slowed,
+        f"worst < ttl = {ttl:g}",
+        max(slowed) < ttl,
+    )
+    row(
+        "main process stopped -> child's leader work gone",
+        stalled,
+        f"worst < ttl = {ttl:g}",
+        max(stalled) < ttl,
+    )
+    relative = [v / ttl for v in stalled]
+    row("  same, in ttls", relative, "worst < 1", max(relative) < 1)
+
+
+def print_ttl_table(
+    ttl: float,
+    rounds: int,
+    crash: list[dict[str, float]],
+    handover: list[dict[str, float]],
+    revocation: dict[str, list[float]] | None,
+) -> None:
+    row = table(f"workers end to end: Redis broker and store, ttl {ttl:g} s, {rounds} rounds")
     failover = [r["failover"] for r in crash]
     expiry = [r["expiry"] for r in crash]
     row(
@@ -238,12 +414,17 @@ def print_ttl_table(
         statistics.median(released) <= 0.1,
     )
     if revocation:
-        row(
-            "revocation: loss declared -> terminate run gone",
-            revocation,
-            f"<= renew + 1 = {renew + 1:.2f}",
-            max(revocation) <= renew + 1,
-        )
+        revocation_rows(row, ttl, revocation)
+        count = len(revocation["paused"])
+        print(f"\n(revocation rows: {count} round{'' if count == 1 else 's'} each)")
+
+
+def print_revocation_table(ttl: float, figures: dict[str, list[float]]) -> None:
+    rounds = len(figures["paused"])
+    row = table(
+        f"revocation on real workers: Redis broker and store, ttl {ttl:g} s, {rounds} rounds each"
+    )
+    revocation_rows(row, ttl, figures)
 
 
 def main() -> None:
@@ -252,23 +433,41 @@ def main() -> None:
     parser.add_argument("--ttl", type=float, nargs="+", default=[3.0, 10.0])
     parser.add_argument("--tasks", type=int, default=3000)
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
+    parser.add_argument(
+        "--only",
+        choices=["revocation"],
+        help="run only these measurements (revocation: at every --ttl)",
+    )
+    parser.add_argument(
+        "--revocation-rounds",
+        type=int,
+        default=None,
+        help="rounds of each revocation measurement (default: --rounds, at most 5)",
+    )
     args = parser.parse_args()
+    revocation_rounds_ = args.revocation_rounds or min(args.rounds, 5)
     figures: dict[str, dict[str, list[float]]] = {}
+    revocation: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
+        if args.only == "revocation":
+            for index, ttl in enumerate(args.ttl):
+                revocation[f"{ttl:g}"] = found = revocation_figures(
+                    tmp / f"ttl{index}", ttl, revocation_rounds_
+                )
+                print_revocation_table(ttl, found)
+            if args.json:
+                args.json.write_text(json.dumps({"revocation": revocation}))
+            return
         for index, ttl in enumerate(args.ttl):
             run = tmp / f"ttl{index}"
-            for sub in ("crash", "handover"):
-                (run / sub).mkdir(parents=True)
-            for round_ in range(max(3, args.rounds // 3)):
-                (run / "revoke" / str(round_)).mkdir(parents=True)
             crash = crash_rounds(run, ttl, args.rounds)
             handover = handover_rounds(run, ttl, args.rounds)
             # Revocation does not wait on the ttl: measured at the first one only.
-            revocation = (
-                revocation_rounds(run, ttl, max(3, args.rounds // 3)) if index == 0 else None
-            )
-            print_ttl_table(ttl, args.rounds, crash, handover, revocation)
+            found = revocation_figures(run, ttl, revocation_rounds_) if index == 0 else None
+            if found is not None:
+                revocation[f"{ttl:g}"] = found
+            print_ttl_table(ttl, args.rounds, crash, handover, found)
             figures[f"{ttl:g}"] = {
                 "crash": [r["failover"] for r in crash],
                 "graceful": [r["sigterm"] for r in handover],
@@ -283,7 +482,9 @@ def main() -> None:
         f"(goal >= 0.95: {'met' if ratio >= 0.95 else 'MISSED'})"
     )
     if args.json:
-        args.json.write_text(json.dumps({"workers": figures, "throughput_ratio": ratio}))
+        args.json.write_text(
+            json.dumps({"workers": figures, "throughput_ratio": ratio, "revocation": revocation})
+        )
 
 
 if __name__ == "__main__":

@@ -102,6 +102,7 @@ class BeatElection:
             settings.timing,
             holder=self.holder,
             liveness=self.is_live,
+            release_guard=self.no_publish_in_flight,
         )
         if settings.metrics.enabled:
             from celery_leader.metrics import enable_metrics  # noqa: PLC0415 - optional extra
@@ -109,6 +110,8 @@ class BeatElection:
             enable_metrics(settings.metrics, self.manager)
         self._last_tick = time.monotonic()
         self._publish_failed_at: float | None = None
+        #: When the publish now in flight began (monotonic), or None.
+        self._publishing_since: float | None = None
         # Beat's loop sleeps up to MAX_TICK between ticks; allow a few missed.
         self._tick_window = max(2 * settings.timing.renew_interval, 4 * MAX_TICK)
         self.marks: dict[str, dict[str, Any]] = {}
@@ -137,17 +140,38 @@ class BeatElection:
         """Beat's loop ran a tick."""
         self._last_tick = time.monotonic()
 
+    def publishing(self) -> None:
+        """A publish begins (beat's loop does not tick until it returns)."""
+        self._publishing_since = time.monotonic()
+
     def published(self, ok: bool) -> None:
-        """A publish succeeded (*ok*) or failed."""
+        """The publish in flight succeeded (*ok*) or failed."""
+        self._publishing_since = None
         self._publish_failed_at = None if ok else time.monotonic()
 
     def is_live(self) -> bool:
-        """True while this beat can send: it ticks, and its last publish did not fail lately."""
+        """True while this beat can send: it ticks, and its last publish did not fail lately.
+
+        A publish in flight counts as a tick for one ttl: a broker that is
+        slow to confirm must not cost the lease mid-send. A publish blocked
+        longer than that makes the beat not live, and it hands over.
+        """
         now = time.monotonic()
+        since = self._publishing_since
+        if since is not None and now - since <= self.settings.timing.ttl:
+            return True
         if now - self._last_tick > self._tick_window:
             return False
         failed_at = self._publish_failed_at
         return failed_at is None or now - failed_at > self.settings.timing.ttl
+
+    def no_publish_in_flight(self, term: Any) -> bool:
+        """The release guard: never hand the lease over while a send may still land.
+
+        With a publish in flight the lease is not released; it ends in the
+        store at its expiry, so the next beat starts at least one ttl later.
+        """
+        return self._publishing_since is None
 
     def token(self) -> int | None:
         """The beat term's token while leading with validity left, else None."""
@@ -177,7 +201,7 @@ class BeatElection:
         mark = {"at": sent_at, "token": token}
         try:
             ok = self.store.set_state(
-                self.settings.name, self.holder.lease_id, entry_name, json.dumps(mark)
+                self.settings.name, self.manager.holder.lease_id, entry_name, json.dumps(mark)
             )
         except StoreError as exc:
             logger.warning("celery-leader beat: could not mark %s as sent: %s", entry_name, exc)
@@ -334,6 +358,7 @@ class LeaderSchedulerMixin:
         options["headers"] = {**(options.get("headers") or {}), TOKEN_HEADER: token}
         sending.options = options
         sent_at = time.time()
+        election.publishing()
         try:
             result = super().apply_async(sending, producer=producer, advance=False, **kwargs)  # type: ignore[misc]
         except Exception:

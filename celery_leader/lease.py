@@ -9,7 +9,8 @@ At any instant at most one manager of an election believes it leads, provided
 * local clocks advance at roughly the same rate as the store's: the drift over
   one ttl stays below ``margin``.
 
-Validity is counted on the monotonic clock from the moment the acquire or
+Validity is counted on the lease clock (:mod:`celery_leader.clock`: boot time
+on Linux, which keeps counting while the host is suspended) from the moment the acquire or
 renew request was *sent*: ``valid_until = t_sent + ttl - margin``. Renewals
 start every ``renew_interval``; a renewal is started only when it can finish
 before ``valid_until``, and otherwise the lease is declared lost at once.
@@ -49,10 +50,12 @@ import logging
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from celery_leader import clock as lease_clock
 from celery_leader._masking import mask_text
 from celery_leader.bounded import BoundedCaller
 from celery_leader.exceptions import StoreAuthError, StoreError
@@ -169,7 +172,7 @@ class LeaseManager:
         listeners: tuple[Listener, ...] = (),
         liveness: Callable[[], bool] | None = None,
         release_guard: Callable[[Term], bool] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = lease_clock.now,
         rand: Callable[[], float] = random.random,
         event_factory: Callable[[], threading.Event] = threading.Event,
         thread_factory: Callable[..., threading.Thread] = threading.Thread,
@@ -178,7 +181,8 @@ class LeaseManager:
         self.store = store
         self.name = name
         self.timing = timing
-        self.holder = holder or Holder.for_this_process()
+        self._holder = holder or Holder.for_this_process()
+        self._term_ended = False
         self._listeners: list[Listener] = list(listeners)
         self._liveness = liveness
         self._release_guard = release_guard
@@ -202,6 +206,16 @@ class LeaseManager:
         self._thread: threading.Thread | None = None
 
     # -- reading (any thread) -------------------------------------------------
+
+    @property
+    def holder(self) -> Holder:
+        """Who this manager is in the store; its ``lease_id`` is new for every term.
+
+        A fresh lease id per term means that a store call of an earlier term
+        that lands late (a release or renewal given up at its deadline, still
+        on its way) can never touch a later term's lease of this manager.
+        """
+        return self._holder
 
     def state(self) -> LeaseState:
         """A snapshot of role, token and validity."""
@@ -346,13 +360,15 @@ class LeaseManager:
             return self._sit_out_until - now
         if self._liveness is not None and not self._is_live():
             return self.timing.renew_interval  # not fit to lead: do not compete
+        if self._term_ended:
+            self._term_ended = False
+            self._holder = replace(self._holder, lease_id=uuid.uuid4().hex)
+        holder, min_token = self._holder, self._max_token
         t_sent = self._clock()
         try:
             result = self._store_call(
                 "acquire",
-                lambda: self.store.acquire(
-                    self.name, self.holder, self.timing.ttl, self._max_token
-                ),
+                lambda: self.store.acquire(self.name, holder, self.timing.ttl, min_token),
             )
         except StoreError as exc:
             self._store_failed(exc)
@@ -436,11 +452,13 @@ class LeaseManager:
 
     def _renew(self, held: _Held) -> bool:
         """One renewal attempt; False when the lease was lost."""
+        # Bound now: a call that starts late must still name this term's lease.
+        lease_id = self._holder.lease_id
         t_sent = self._clock()
         try:
             ok = self._store_call(
                 "renew",
-                lambda: self.store.renew(self.name, self.holder.lease_id, self.timing.ttl),
+                lambda: self.store.renew(self.name, lease_id, self.timing.ttl),
                 deadline=held.valid_until,
             )
         except StoreError as exc:
@@ -483,6 +501,7 @@ class LeaseManager:
     def _lose(self, reason: LossReason) -> None:
         held = self._held
         self._held = None
+        self._term_ended = True
         with self._lock:
             self._state = _FOLLOWER
         stopped_at = self._clock()
@@ -502,6 +521,7 @@ class LeaseManager:
         if held is None:
             return
         self._held = None
+        self._term_ended = True
         with self._lock:
             self._state = _FOLLOWER
         stopped_at = self._clock()
@@ -536,7 +556,8 @@ class LeaseManager:
 
     def _release_quietly(self) -> None:
         try:
-            self._store_call("release", lambda: self.store.release(self.name, self.holder.lease_id))
+            lease_id = self._holder.lease_id  # bound now, as in _renew
+            self._store_call("release", lambda: self.store.release(self.name, lease_id))
         except StoreError as exc:
             logger.warning(
                 "celery-leader: could not release election %r (it will expire): %s",

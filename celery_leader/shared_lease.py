@@ -14,8 +14,8 @@ Guarantees:
   :meth:`SharedLease.publish` of ``T`` (or of any older term) makes it valid
   again: a renewal that races a step-down cannot undo it.
 
-Times are ``time.monotonic()`` values, comparable across processes on one
-host (Linux ``CLOCK_MONOTONIC`` is system-wide).
+Times are on the lease clock (:func:`celery_leader.clock.now`), one clock for
+every process of a host.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ import mmap
 import os
 import struct
 import threading
-import time
+
+from celery_leader import clock
+from celery_leader.run_table import RunTable
 
 _LAYOUT = struct.Struct("=qqdq")  # sequence, token, valid_until, revoked_through
 _RETRIES = 1000
@@ -54,7 +56,7 @@ class SharedLease:
         self._mem[0:8] = struct.pack("=q", seq + 2)
 
     def publish(self, token: int, valid_until: float) -> bool:
-        """Announce that term *token* is valid until *valid_until* (monotonic).
+        """Announce that term *token* is valid until *valid_until* (lease clock).
 
         Returns False, changing nothing, when *token* was revoked already.
         """
@@ -66,11 +68,18 @@ class SharedLease:
             return True
 
     def revoke(self, token: int | None = None) -> None:
-        """End term *token* (default: the current one) and every older term, for good."""
+        """End term *token* (default: the current one) and every older term, for good.
+
+        A newer term already published stays valid: revoking an old term
+        late (its LOST handled after the next election) must not end it.
+        """
         with self._write_lock:
-            current, _, _, revoked_through = self._read_raw()
+            _, current, valid_until, revoked_through = self._read_raw()
             ended = max(revoked_through, current if token is None else token)
-            self._write(0, 0.0, ended)
+            if current > ended:
+                self._write(current, valid_until, ended)
+            else:
+                self._write(0, 0.0, ended)
 
     def _read_raw(self) -> tuple[int, int, float, int]:
         for _ in range(_RETRIES):
@@ -87,66 +96,4 @@ class SharedLease:
     def valid_for(self, token: int | None) -> bool:
         """True while *token* is the current term's and its validity has not run out."""
         current, valid_until = self.read()
-        return bool(token) and current == token and time.monotonic() < valid_until
-
-
-_SLOT = struct.Struct("=qqq")  # sequence, pid, token
-#: Run slots, one per pool child index (billiard numbers children 0..n-1).
-RUN_SLOTS = 256
-
-
-class RunTable:
-    """Which pool child runs a ``terminate`` leader task under which term.
-
-    Shared memory made before the pool forks. A child writes only its own
-    slot, the one of its billiard process index. The watchdog reads every
-    slot, and clears the slot of a child it killed. A slot is read
-    consistently (a sequence number makes a torn read retry) before anyone
-    acts on it.
-    """
-
-    def __init__(self) -> None:
-        self._mem = mmap.mmap(-1, _SLOT.size * RUN_SLOTS)
-
-    def _write(self, index: int, pid: int, token: int) -> None:
-        offset = index * _SLOT.size
-        (seq,) = struct.unpack_from("=q", self._mem, offset)
-        struct.pack_into("=q", self._mem, offset, seq + 1)  # odd: write in progress
-        struct.pack_into("=qq", self._mem, offset + 8, pid, token)
-        struct.pack_into("=q", self._mem, offset, seq + 2)
-
-    def enter(self, index: int, token: int) -> None:
-        """Record that the calling process (pool child *index*) runs a task of *token*."""
-        self._write(index, os.getpid(), token)
-
-    def leave(self, index: int) -> None:
-        """Record that the leader run of pool child *index* ended."""
-        self._write(index, 0, 0)
-
-    def clear(self, index: int, pid: int) -> None:
-        """Forget slot *index* if it still names *pid* (its process is gone)."""
-        if self.slot(index)[0] == pid:
-            self._write(index, 0, 0)
-
-    def slot(self, index: int) -> tuple[int, int]:
-        """``(pid, token)`` of slot *index*, read consistently; ``(0, 0)`` when empty."""
-        offset = index * _SLOT.size
-        for _ in range(_RETRIES):
-            seq, pid, token = _SLOT.unpack_from(self._mem, offset)
-            if seq % 2 == 0 and struct.unpack_from("=q", self._mem, offset)[0] == seq:
-                return pid, token
-        return 0, 0
-
-    def busy(self) -> list[tuple[int, int, int]]:
-        """``(index, pid, token)`` of the slots in use, each read consistently.
-
-        One bulk copy finds candidate slots cheaply; each is then re-read
-        with its sequence check.
-        """
-        found = []
-        for index, (_, candidate, _) in enumerate(_SLOT.iter_unpack(bytes(self._mem))):
-            if candidate:
-                pid, token = self.slot(index)
-                if pid:
-                    found.append((index, pid, token))
-        return found
+        return bool(token) and current == token and clock.now() < valid_until

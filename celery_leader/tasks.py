@@ -84,12 +84,13 @@ class LeaderTaskMixin:
             stop_run_in_task(self, "the lease ended before the run started")
         assert shared is not None
         assert token is not None
-        watched = None
-        if getattr(request, "leader_on_loss", None) == OnLoss.TERMINATE.value:
-            watched = watch_run(shared, token)  # the watchdog ends it at the deadline
-            if not shared.valid_for(token):  # revoked while we registered
-                unwatch_run(shared, watched)
-                stop_run_in_task(self, "the lease ended before the run started")
+        # Recorded for the release guard; under terminate the watchdog also
+        # ends the run at its term's deadline.
+        terminate = getattr(request, "leader_on_loss", None) == OnLoss.TERMINATE.value
+        watched = watch_run(shared, token, terminate=terminate)
+        if not shared.valid_for(token):  # revoked while we registered
+            unwatch_run(shared, watched)
+            stop_run_in_task(self, "the lease ended before the run started")
         try:
             with leader_run(name, token):
                 return super().__call__(*args, **kwargs)  # type: ignore[misc]

@@ -11,15 +11,22 @@ layer alone; the others only make it sooner.
    shutdown revokes the term) and SIGKILLs the pool children that run
    ``terminate`` runs of the term.
 2. **The watchdog (the dead-man's switch).** Each prefork worker forks one
-   small :class:`Watchdog` process before its pool. A child that starts a
-   ``terminate`` run writes (pid, token) into the shared run table. Every
-   :data:`WATCH_INTERVAL` seconds the watchdog compares each entry with the
-   shared lease. It SIGKILLs the child as soon as the term was revoked or its
-   published validity passed, and only a renewal that the parent publishes
-   extends that validity. The watchdog waits on nothing the run or the main
-   process does: it acts when the main process is stopped or stuck, when the
-   lease thread hangs in a store call, and when the run holds the GIL in a C
-   call. It also covers a run the parent has not yet seen start.
+   small :class:`Watchdog` process before its pool. A child that starts any
+   leader run records it in the shared run table
+   (:mod:`celery_leader.run_table`: pid, start time, token, policy). Every
+   :data:`WATCH_INTERVAL` seconds the watchdog compares each ``terminate``
+   entry with the shared lease. It SIGKILLs the child as soon as the term
+   was revoked or its published validity passed, and only a renewal that
+   the parent publishes extends that validity. It records each kill, so the
+   parent hands the message back even if a late renewal made the term look
+   valid again. The watchdog waits on nothing the run or the main process
+   does: it acts when the main process is stopped or stuck, when the lease
+   thread hangs in a store call, and when the run holds the GIL in a C call.
+   It also covers a run the parent has not yet seen start.
+
+The release guard (:meth:`Coordinator.work_stopped
+<celery_leader.worker.coordinator.Coordinator.work_stopped>`) reads the same
+run table, so a run the parent has not seen start still holds the lease.
 
 Assumptions: the watchdog process is scheduled (a host so starved that it
 cannot run for a whole margin breaks the clock assumption of guarantee 1 as
@@ -53,11 +60,12 @@ import signal
 import time
 from collections.abc import Iterable
 from contextlib import suppress
-from pathlib import Path
 from typing import Any
 
 from celery_leader.exceptions import ConfigurationError
-from celery_leader.shared_lease import RUN_SLOTS, SharedLease
+from celery_leader.procinfo import parent_of
+from celery_leader.run_table import RUN_SLOTS
+from celery_leader.shared_lease import SharedLease
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +159,12 @@ def ended_by_term(request: Any, exc: BaseException, shared: SharedLease | None) 
     if type(exc).__name__ != "WorkerLostError":
         return False
     token = getattr(request, "leader_token", None)
-    return shared is None or not shared.valid_for(token)
+    if shared is None or not shared.valid_for(token):
+        return True
+    # Killed at its deadline, then a renewal that was already on its way
+    # published the term again: the watchdog's record still says why it died.
+    pid = getattr(request, "worker_pid", None)
+    return isinstance(pid, int) and isinstance(token, int) and shared.runs.was_killed(pid, token)
 
 
 # -- the parent's kill -------------------------------------------------------
@@ -174,6 +187,22 @@ def kill_runs(requests: Iterable[Any], reason: str) -> list[int]:
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
+    return killed
+
+
+def kill_recorded_runs(shared: SharedLease, token: int, reason: str) -> list[int]:
+    """SIGKILL the pool children the run table shows running term *token* (or older).
+
+    These include runs the parent has not seen start yet. Only children of
+    the calling process (the worker's main process) are signalled.
+    """
+    killed = []
+    for run in shared.runs.running(token, exclude_pid=os.getpid()):
+        if run.pid > 0 and parent_of(run.pid) == os.getpid():
+            logger.warning("celery-leader: %s; killing pool child pid %s", reason, run.pid)
+            with suppress(ProcessLookupError):
+                os.kill(run.pid, signal.SIGKILL)
+                killed.append(run.pid)
     return killed
 
 
@@ -202,50 +231,54 @@ def pool_child_index() -> int | None:
     return index if isinstance(index, int) and 0 <= index < RUN_SLOTS else None
 
 
-def watch_run(shared: SharedLease, token: int) -> int | None:
-    """In a prefork child: put this run under the watchdog; its slot index, or None.
+def watch_run(shared: SharedLease, token: int, *, terminate: bool) -> int | None:
+    """In a prefork child: record this leader run in the run table; its slot index, or None.
 
-    Returns None (nothing registered) outside a prefork child.
+    Every policy is recorded, so that the release guard sees the run even
+    before the parent does; only *terminate* runs are killed by the
+    watchdog. Returns None (nothing recorded) outside a prefork child.
     """
     index = pool_child_index()
     if index is None or os.getpid() == shared.owner_pid:
         return None
-    shared.runs.enter(index, token)
+    shared.runs.enter(index, token, terminate=terminate)
     return index
 
 
 def unwatch_run(shared: SharedLease, index: int | None) -> None:
-    """The run registered by :func:`watch_run` ended."""
+    """The run recorded by :func:`watch_run` ended."""
     if index is not None:
         shared.runs.leave(index)
 
 
-def _parent_of(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    return int(fields[1]) if len(fields) > 1 else None
-
-
-def enforce_deadlines(shared: SharedLease, worker_pid: int) -> list[int]:
-    """One pass of the watchdog: SIGKILL each pool child whose run's term is not valid now.
+def enforce_deadlines(
+    shared: SharedLease, worker_pid: int, done: set[tuple[int, int]] | None = None
+) -> list[int]:
+    """One pass of the watchdog: SIGKILL each ``terminate`` run whose term is not valid now.
 
     A run's term stops being valid when it is revoked or when its published
-    validity has passed. Only children of *worker_pid* are killed, so a slot
-    left by a dead child whose pid was reused elsewhere is cleared, never
-    acted on. Returns the pids killed.
+    validity has passed. A run is killed only while its process is the one
+    that wrote the slot (same pid and start time) and a child of
+    *worker_pid*, so a stale slot whose pid was reused is never acted on.
+    Each kill is recorded for the parent (:meth:`RunTable.record_kill`).
+    *done* remembers ``(pid, start time)`` already killed, across passes.
+    Returns the pids killed.
     """
     killed = []
-    for index, pid, token in shared.runs.busy():
-        if shared.valid_for(token):
+    done = set() if done is None else done
+    for run in shared.runs.busy():
+        if not run.terminate or run.pid <= 0 or (run.pid, run.started) in done:
             continue
-        if _parent_of(pid) == worker_pid:
+        if shared.valid_for(run.token):
+            continue
+        if run.running() and parent_of(run.pid) == worker_pid:
+            shared.runs.record_kill(run)  # before the kill: the parent may see the death first
             with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-        shared.runs.clear(index, pid)
+                os.kill(run.pid, signal.SIGKILL)
+                killed.append(run.pid)
+        done.add((run.pid, run.started))
+    if len(done) > 4 * RUN_SLOTS:
+        done.clear()  # kept small; a stale entry only costs one more /proc read
     return killed
 
 
@@ -275,8 +308,11 @@ class Watchdog:
             try:
                 for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1"):
                     signal.signal(getattr(signal, name), signal.SIG_IGN)
+                done: set[tuple[int, int]] = set()
                 while os.getppid() == worker_pid:
-                    enforce_deadlines(self._shared, worker_pid)
+                    # One bad pass must not end the watch.
+                    with suppress(Exception):
+                        enforce_deadlines(self._shared, worker_pid, done)
                     time.sleep(self._interval)
             except BaseException:  # noqa: BLE001 - never run the worker's cleanup here
                 code = 1
@@ -288,6 +324,19 @@ class Watchdog:
     def alive(self) -> bool:
         """True while the watchdog runs."""
         return self.pid is not None and not process_ended(self.pid)
+
+    def restart(self) -> None:
+        """Reap a watchdog that died and fork a new one.
+
+        Forking from a process with threads is safe here because the
+        watchdog's loop takes no lock another thread could hold: it reads
+        shared memory and ``/proc``, sends signals and sleeps.
+        """
+        pid, self.pid = self.pid, None
+        if pid is not None:
+            with suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        self.start()
 
     def stop(self) -> None:
         """End the watchdog and reap it."""

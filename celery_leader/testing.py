@@ -30,12 +30,11 @@ is shared by one process only, never between processes.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from celery_leader import runtime
+from celery_leader import clock, runtime
 from celery_leader.shared_lease import SharedLease
 from celery_leader.stores.memory import reset_memory_stores
 
@@ -60,7 +59,7 @@ class Leadership:
         """Hold the lease again, with a new token (one more than before by default)."""
         self.token = self.token + 1 if token is None else token
         runtime.set_eager_token(self.token)
-        self.shared.publish(self.token, time.monotonic() + FOREVER)
+        self.shared.publish(self.token, clock.now() + FOREVER)
 
 
 @contextmanager
@@ -69,7 +68,7 @@ def leadership(token: int = 1) -> Iterator[Leadership]:
     if token <= 0:
         raise ValueError("fencing tokens are positive")
     shared = SharedLease()
-    shared.publish(token, time.monotonic() + FOREVER)
+    shared.publish(token, clock.now() + FOREVER)
     previous_shared = runtime.shared_lease()
     previous_token = runtime.eager_token()
     runtime.install_shared_lease(shared)

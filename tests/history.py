@@ -3,7 +3,7 @@
 A term's interval runs from the moment its manager started to believe it
 leads to the earliest of: the moment it stopped (LOST/RELEASED), or the end of
 its last known validity (a killed process reports no end). Times are
-``time.monotonic()``, which on Linux is one clock for all processes.
+the lease clock (celery_leader.clock), one clock for all processes of a host.
 """
 
 from __future__ import annotations

@@ -204,3 +204,20 @@ def test_failed_publish_leaves_the_slot_unmarked_and_gives_up_the_lease(tmp_path
         store.close()
     finally:
         sched.close()
+
+
+def test_a_publish_in_flight_keeps_beat_live_for_one_ttl_and_its_lease_unreleased(scheduler):
+    """A slow publish does not cost the lease mid-send, and no release happens while it may land."""
+    _, sched = scheduler()
+    election = sched._election()
+    ttl = election.settings.timing.ttl
+    election._last_tick -= 3600  # beat's loop has not ticked: it is inside a publish
+    assert not election.is_live()
+    election.publishing()
+    assert election.is_live()
+    assert election.no_publish_in_flight(None) is False
+    election._publishing_since -= 2 * ttl  # blocked for longer than a ttl: hand over
+    assert not election.is_live()
+    assert election.no_publish_in_flight(None) is False, "but never release mid-send"
+    election.published(ok=True)
+    assert election.no_publish_in_flight(None) is True

@@ -21,7 +21,8 @@ class Req:
 
     def __init__(self, leader=True, dispatched=False, acknowledged=False):
         self.task = Task(leader)
-        self._apply_result = (lambda: None) if dispatched else None  # as Celery sets it
+        self.leader_dispatched = dispatched  # as the gate sets it
+        self._apply_result = None  # what eventlet's pool leaves, dispatched or not
         self.acknowledged = acknowledged
 
 
@@ -90,3 +91,89 @@ def test_only_messages_that_never_reached_the_pool_are_handed_back():
     plain = Req(leader=False)
     chosen = never_dispatched([waiting, dispatched, acked, plain, waiting])
     assert chosen == [waiting]
+
+
+class Admitting:
+    """Stands for the worker's coordinator at the gate: it admits under token 5."""
+
+    def admit(self):
+        return 5
+
+    def policy_for(self, task):
+        from celery_leader.term_end import OnLoss
+
+        return OnLoss.CANCEL
+
+
+class EventletLikePool:
+    """A pool whose apply_async returns None, as eventlet's does."""
+
+    def __init__(self):
+        self.jobs = []
+
+    def apply_async(self, target, args=None, **options):
+        self.jobs.append(args)
+
+
+def test_a_request_sent_to_a_pool_that_returns_nothing_is_never_handed_back(monkeypatch):
+    """The gate marks what it sends to the pool, also where Celery keeps no apply result.
+
+    A request Celery's strategy asks on receipt (a message with an expiry)
+    is admitted but not yet sent: it stays one to hand back.
+    """
+    from celery import Celery
+    from celery.contrib.testing.mocks import TaskMessage
+
+    from celery_leader import leader_only
+    from celery_leader.worker.request import LeaderRequest
+
+    app = Celery("gate", set_as_current=False)
+
+    @leader_only
+    @app.task(name="gate.job", shared=False)
+    def job():
+        return None
+
+    app.finalize()
+    monkeypatch.setattr(coordinator_module, "_current", Admitting())
+    received = LeaderRequest(TaskMessage("gate.job", id="a"), app=app, task=app.tasks["gate.job"])
+    sent = LeaderRequest(TaskMessage("gate.job", id="b"), app=app, task=app.tasks["gate.job"])
+    assert received.revoked() is False  # as the strategy asks on receipt
+    pool = EventletLikePool()
+    sent.execute_using_pool(pool)
+    assert pool.jobs and sent._apply_result is None
+    assert sent.leader_dispatched and sent.leader_token == 5
+    assert never_dispatched([received, sent]) == [received]
+
+
+def test_release_guard_waits_for_a_run_the_parent_has_not_seen_start():
+    """A pool child that started a job before the parent read its acknowledgement holds the lease.
+
+    The child recorded the run in the run table; the guard waits for it
+    whatever its policy, and a killed child no longer counts.
+    """
+    import subprocess
+    import sys
+    import time
+
+    from celery_leader import procinfo
+    from celery_leader.settings import load_settings
+
+    settings = load_settings({"leader_backend_url": "memory://guard"}, "t")
+    coordinator = coordinator_module.Coordinator(
+        settings, _memory_store(), nodename="n@h", pool_kind="prefork"
+    )
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 5
+        while (started := procinfo.start_time(child.pid)) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        coordinator.shared.runs._write(0, child.pid, 7, 0, started)  # a cancel run of term 7
+        assert coordinator.runs_ended(7, timeout=0.1) is False
+        assert coordinator.runs_ended(6, timeout=0.1) is True, "an older term's guard ignores it"
+        child.kill()
+        child.wait()
+        assert coordinator.runs_ended(7, timeout=0.5) is True
+    finally:
+        child.kill()
+        child.wait()

@@ -251,3 +251,37 @@ def test_bounded_caller_stops_piling_up_hung_calls():
     for job in list(caller._abandoned):
         assert job.done.wait(2.0)
     assert caller.call(lambda: 1, 1.0) == 1
+
+
+class AbandoningCaller(SlowCaller):
+    """Gives up on every release at its bound and keeps it, to deliver it late."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock)
+        self.abandoned = []
+
+    def __call__(self, fn, bound, what):
+        if what == "release":
+            self.abandoned.append(fn)
+            self.clock.now += bound
+            raise StoreCallTimeoutError("release timed out")
+        return super().__call__(fn, bound, what)
+
+
+def test_a_release_of_an_earlier_term_that_lands_late_leaves_the_next_term_alone():
+    """Each term has its own lease id: a release given up, then run, cannot end a later term."""
+    clock, events = Clock(), []
+    store = ModelStore(clock)
+    caller = AbandoningCaller(clock)
+    manager = make(clock, store, events, call=caller)
+    manager.step()
+    first_id = manager.holder.lease_id
+    manager._give_up(release=True)  # the release is abandoned at its bound, still on its way
+    drive(manager, clock, clock.now + 2 * TIMING.ttl)  # the old lease expires; a new term
+    assert manager.is_leader()
+    assert [e.term.token for e in events if e.kind is EventKind.ELECTED] == [1, 2]
+    assert manager.holder.lease_id != first_id
+    assert caller.abandoned[0]() is False, "the late release does not name the new lease"
+    assert store.holder == manager.holder.lease_id
+    drive(manager, clock, clock.now + 2.0)
+    assert manager.is_leader()

@@ -13,8 +13,10 @@ import time
 
 import pytest
 
+from celery_leader import clock, procinfo
 from celery_leader.exceptions import ConfigurationError
-from celery_leader.shared_lease import RUN_SLOTS, SharedLease
+from celery_leader.run_table import RUN_SLOTS, Run
+from celery_leader.shared_lease import SharedLease
 from celery_leader.term_end import (
     OnLoss,
     Watchdog,
@@ -52,54 +54,79 @@ def test_unknown_policy_names_the_allowed_ones():
 def test_revocation_is_sticky():
     """A revoked term cannot be published again; a newer one can."""
     shared = SharedLease()
-    assert shared.publish(5, time.monotonic() + 60)
+    assert shared.publish(5, clock.now() + 60)
     shared.revoke(5)
     assert not shared.valid_for(5)
-    assert shared.publish(5, time.monotonic() + 60) is False
+    assert shared.publish(5, clock.now() + 60) is False
     assert not shared.valid_for(5), "a renewal after the revocation does not undo it"
-    assert shared.publish(6, time.monotonic() + 60)
+    assert shared.publish(6, clock.now() + 60)
     assert shared.valid_for(6)
 
 
 def test_validity_ends_by_itself():
     """A term is valid only until the validity last published for it."""
     shared = SharedLease()
-    shared.publish(3, time.monotonic() + 0.05)
+    shared.publish(3, clock.now() + 0.05)
     assert shared.valid_for(3)
     time.sleep(0.1)
     assert not shared.valid_for(3)
 
 
+def test_revoking_an_old_term_late_leaves_a_newer_one_valid():
+    """A LOST of term 5 handled after term 6 was published does not end term 6."""
+    shared = SharedLease()
+    shared.publish(6, clock.now() + 60)
+    shared.revoke(5)
+    assert shared.valid_for(6)
+    assert shared.publish(5, clock.now() + 60) is False
+    shared.revoke()
+    assert not shared.valid_for(6)
+
+
 def test_run_table_slots():
-    """Slots record pid and token per pool index; clear() only forgets the pid it names."""
+    """Slots record pid, token, policy and start time per pool index; leave() empties one."""
     table = SharedLease().runs
-    table.enter(0, 11)
-    table.enter(RUN_SLOTS - 1, 12)
-    assert table.busy() == [(0, os.getpid(), 11), (RUN_SLOTS - 1, os.getpid(), 12)]
-    table.clear(0, os.getpid() + 1)
-    assert table.slot(0) == (os.getpid(), 11)
+    table.enter(0, 11, terminate=True)
+    table.enter(RUN_SLOTS - 1, 12, terminate=False)
+    me, started = os.getpid(), procinfo.own_start_time()
+    assert table.busy() == [
+        Run(0, me, 11, True, started),
+        Run(RUN_SLOTS - 1, me, 12, False, started),
+    ]
+    assert [run.token for run in table.running(11)] == [11]
+    assert table.running(12, exclude_pid=me) == []
     table.leave(0)
-    assert table.slot(0) == (0, 0)
+    assert table.slot(0) is None
 
 
 def sleeper() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 
 
+def record(shared, index, proc, token, terminate=True, started=None):
+    """Write slot *index* as the child *proc* would (the tests stand in for pool children)."""
+    if started is None:
+        deadline = time.monotonic() + 5
+        while (started := procinfo.start_time(proc.pid)) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+    shared.runs._write(index, proc.pid, token, int(terminate), started)
+
+
 def test_watchdog_pass_kills_a_child_whose_term_was_revoked_and_spares_a_valid_one():
-    """One pass: the run of the revoked term is killed, the run of the valid term is not."""
+    """One pass: the revoked term's run is killed and the kill recorded; the valid one lives."""
     shared = SharedLease()
     doomed, spared = sleeper(), sleeper()
     try:
-        shared.publish(7, time.monotonic() + 60)
-        shared.runs._write(0, doomed.pid, 6)  # an older, revoked term
-        shared.runs._write(1, spared.pid, 7)
+        shared.publish(7, clock.now() + 60)
+        record(shared, 0, doomed, 6)  # an older, revoked term
+        record(shared, 1, spared, 7)
         shared.revoke(6)
-        shared.publish(7, time.monotonic() + 60)
         assert enforce_deadlines(shared, os.getpid()) == [doomed.pid]
         assert doomed.wait(5) == -signal.SIGKILL
         assert spared.poll() is None
-        assert shared.runs.slot(0) == (0, 0)
+        assert shared.runs.was_killed(doomed.pid, 6)
+        assert not shared.runs.was_killed(spared.pid, 7)
+        assert shared.runs.running(6) == [], "a killed child's slot no longer counts as a run"
     finally:
         for proc in (doomed, spared):
             proc.kill()
@@ -111,8 +138,8 @@ def test_watchdog_pass_kills_at_the_deadline_without_any_revocation():
     shared = SharedLease()
     child = sleeper()
     try:
-        shared.publish(9, time.monotonic() + 0.2)
-        shared.runs._write(3, child.pid, 9)
+        shared.publish(9, clock.now() + 0.2)
+        record(shared, 3, child, 9)
         assert enforce_deadlines(shared, os.getpid()) == []
         time.sleep(0.25)
         assert enforce_deadlines(shared, os.getpid()) == [child.pid]
@@ -122,12 +149,41 @@ def test_watchdog_pass_kills_at_the_deadline_without_any_revocation():
         child.wait()
 
 
-def test_watchdog_never_kills_a_process_that_is_not_the_workers_child():
-    """A slot naming a pid the worker does not own (reused) is cleared, never acted on."""
+def test_watchdog_leaves_cancel_and_finish_runs_to_their_policy():
+    """A run recorded without terminate is seen by the guard but never killed by the watchdog."""
     shared = SharedLease()
-    shared.runs._write(4, 1, 2)  # pid 1, a term that is not valid
+    child = sleeper()
+    try:
+        record(shared, 2, child, 4, terminate=False)
+        shared.revoke(4)
+        assert enforce_deadlines(shared, os.getpid()) == []
+        assert child.poll() is None
+        assert [run.pid for run in shared.runs.running(4)] == [child.pid]
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_watchdog_never_kills_a_process_that_is_not_the_workers_child():
+    """A slot naming a pid the worker does not own is never acted on."""
+    shared = SharedLease()
+    shared.runs._write(4, 1, 2, 1, procinfo.start_time(1) or 0)  # pid 1, a term not valid
     assert enforce_deadlines(shared, os.getpid()) == []
-    assert shared.runs.slot(4) == (0, 0)
+
+
+def test_watchdog_never_kills_a_reused_pid():
+    """A stale slot whose pid now names another process (other start time) is left alone."""
+    shared = SharedLease()
+    child = sleeper()
+    try:
+        record(shared, 5, child, 3, started=procinfo.start_time(child.pid) or 1)
+        shared.runs._write(5, child.pid, 3, 1, 12345)  # the slot of an earlier process
+        assert enforce_deadlines(shared, os.getpid()) == []
+        assert child.poll() is None
+        assert shared.runs.running(3) == []
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_watchdog_process_ends_runs_and_exits_with_its_worker():
@@ -137,8 +193,8 @@ def test_watchdog_process_ends_runs_and_exits_with_its_worker():
     watchdog.start()
     child = sleeper()
     try:
-        shared.publish(21, time.monotonic() + 60)
-        shared.runs._write(0, child.pid, 21)
+        shared.publish(21, clock.now() + 60)
+        record(shared, 0, child, 21)
         time.sleep(0.1)
         assert child.poll() is None, "a valid term's run is left alone"
         revoked_at = time.monotonic()
@@ -153,9 +209,28 @@ def test_watchdog_process_ends_runs_and_exits_with_its_worker():
     assert not watchdog.alive()
 
 
+def test_a_watchdog_that_died_is_reaped_and_replaced():
+    """restart() reaps the dead watchdog (no zombie left) and a new one takes over."""
+    shared = SharedLease()
+    watchdog = Watchdog(shared)
+    watchdog.start()
+    first = watchdog.pid
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while watchdog.alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not watchdog.alive()
+    watchdog.restart()
+    try:
+        assert watchdog.alive() and watchdog.pid != first
+        assert procinfo.start_time(first) is None, "the dead watchdog was reaped"
+    finally:
+        watchdog.stop()
+
+
 class Request:
-    def __init__(self, token, revoked=False):
-        self.leader_token, self.leader_killed = token, revoked
+    def __init__(self, token, revoked=False, pid=None):
+        self.leader_token, self.leader_killed, self.worker_pid = token, revoked, pid
 
 
 def test_a_lost_worker_is_a_hand_back_only_when_its_term_ended():
@@ -164,7 +239,7 @@ def test_a_lost_worker_is_a_hand_back_only_when_its_term_ended():
     from billiard.exceptions import WorkerLostError
 
     shared = SharedLease()
-    shared.publish(4, time.monotonic() + 60)
+    shared.publish(4, clock.now() + 60)
     lost = WorkerLostError("Worker exited prematurely: signal 9 (SIGKILL) Job: 1.")
     wrapped = ExceptionWithTraceback(lost, "")
     assert not ended_by_term(Request(4), wrapped, shared), "a crash in a valid term fails"
@@ -173,6 +248,26 @@ def test_a_lost_worker_is_a_hand_back_only_when_its_term_ended():
     assert ended_by_term(Request(4), lost, shared)
     assert not ended_by_term(Request(4), ValueError("bug"), shared)
     assert ended_by_term(Request(4, revoked=True), ValueError("killed"), shared)
+
+
+def test_a_run_the_watchdog_killed_is_a_hand_back_even_if_a_renewal_came_after():
+    """Killed at the deadline, then a late renewal published the term again: still a hand-back."""
+    from billiard.exceptions import WorkerLostError
+
+    shared = SharedLease()
+    child = sleeper()
+    try:
+        shared.publish(8, clock.now() + 0.05)
+        record(shared, 0, child, 8)
+        time.sleep(0.1)
+        assert enforce_deadlines(shared, os.getpid()) == [child.pid]
+        shared.publish(8, clock.now() + 60)  # the renewal that was on its way
+        lost = WorkerLostError("Worker exited prematurely: signal 9 (SIGKILL) Job: 1.")
+        assert ended_by_term(Request(8, pid=child.pid), lost, shared)
+        assert not ended_by_term(Request(8, pid=child.pid + 1), lost, shared)
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_process_ended_sees_an_unreaped_exit():

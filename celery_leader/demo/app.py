@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
 
-from celery_leader import LeaderElection, leader_only
+from celery_leader import LeaderElection, clock, leader_only
 
 DEMO_DIR = Path(
     os.environ.get("CELERY_LEADER_DEMO_DIR") or Path(tempfile.gettempdir()) / "celery-leader-demo"
@@ -57,7 +56,7 @@ def tick(self: Any) -> None:
     row = {
         "worker": self.request.hostname,
         "token": self.request.leader_token,
-        "at": time.monotonic(),
+        "at": clock.now(),
     }
     with RUNS_FILE.open("a") as runs:
         runs.write(json.dumps(row) + "\n")

@@ -25,7 +25,7 @@ from celery_leader.timing import LeaseTiming
 
 
 def event_line(nodename: str, event: LeaseEvent) -> str:
-    """The JSON line that reports *event* (monotonic times, one clock per host)."""
+    """The JSON line that reports *event* (lease-clock times, one clock per host)."""
     return json.dumps(
         {
             "holder": nodename,

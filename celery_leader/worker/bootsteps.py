@@ -31,10 +31,12 @@ from celery import bootsteps
 from celery.exceptions import ImproperlyConfigured
 
 from celery_leader.exceptions import ConfigurationError
+from celery_leader.run_table import RUN_SLOTS
 from celery_leader.settings import LeaderSettings, settings_for_app
 from celery_leader.stores import open_store
 from celery_leader.stores.registry import TEST_ONLY_SCHEMES
 from celery_leader.tasks import ensure_router, resolve_leader_tasks
+from celery_leader.term_end import KILLABLE_POOLS
 from celery_leader.worker import control as _control  # noqa: F401 - registers the commands
 from celery_leader.worker.coordinator import Coordinator, current_coordinator
 
@@ -78,6 +80,19 @@ def pool_kind(worker: Any) -> str:
     pool_cls = worker.pool_cls
     module = pool_cls if isinstance(pool_cls, str) else getattr(pool_cls, "__module__", "")
     return str(module).split(":")[0].rsplit(".", 1)[-1]
+
+
+def _check_pool_size(worker: Any, kind: str) -> None:
+    """Refuse a prefork pool larger than the run table the watchdog reads."""
+    if kind not in KILLABLE_POOLS:
+        return
+    size = max(int(worker.concurrency or 0), int(getattr(worker, "max_concurrency", 0) or 0))
+    if size > RUN_SLOTS:
+        raise WorkerConfigurationError(
+            f"celery-leader: a prefork pool of {size} processes is more than the {RUN_SLOTS} "
+            f"celery-leader can watch; use --concurrency (or --autoscale max) of at most "
+            f"{RUN_SLOTS}"
+        )
 
 
 class LeaderConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -148,9 +163,10 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
         except ConfigurationError as exc:
             raise WorkerConfigurationError(f"celery-leader: {exc}") from None
         resolve_leader_tasks(worker.app)
-        coordinator = Coordinator(
-            settings, store, nodename=worker.hostname, pool_kind=pool_kind(worker)
-        )
+        kind = pool_kind(worker)
+        _check_pool_size(worker, kind)
+        coordinator = Coordinator(settings, store, nodename=worker.hostname, pool_kind=kind)
+        coordinator.install()  # forks the watchdog: before any thread of ours starts
         if settings.metrics.enabled:
             try:
                 enable_metrics(settings.metrics, coordinator.manager)
@@ -159,7 +175,6 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
                     f"celery-leader: leader_metrics_port={settings.metrics.port} cannot be "
                     f"served: {exc}"
                 ) from None
-        coordinator.install()
         self.coordinator = coordinator
         self._chain_on_stopped(worker)
         logger.info(

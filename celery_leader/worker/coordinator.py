@@ -49,6 +49,7 @@ from celery_leader.term_end import (
     OnLoss,
     Watchdog,
     effective_policy,
+    kill_recorded_runs,
     kill_runs,
     process_ended,
 )
@@ -111,9 +112,10 @@ def never_dispatched(requests: list[Any]) -> list[Any]:
         if id(request) in seen or not is_leader_request(request):
             continue
         seen.add(id(request))
-        # Celery sets _apply_result on the loop thread as it hands the job to
-        # the pool; hand-backs run on the loop thread too, so they never race.
-        in_pool = getattr(request, "_apply_result", None) is not None
+        # The gate marks a request as it hands it to the pool, on the loop
+        # thread; hand-backs run on the loop thread too, so they never race.
+        # (Celery's _apply_result is no sign: eventlet's pool returns None.)
+        in_pool = getattr(request, "leader_dispatched", False)
         if not in_pool and not request.acknowledged:
             chosen.append(request)
     return chosen
@@ -271,7 +273,7 @@ class Coordinator:
         if event.kind is EventKind.ELECTED:
             if self.watchdog is not None and not self.watchdog.alive():
                 logger.error("celery-leader: the run watchdog died; starting a new one")
-                self.watchdog.start()
+                self.watchdog.restart()
             self.shared.publish(token, event.term.valid_until)
             self.post(self.sync_consumption)
             self._send(signals.leader_elected, token=token)
@@ -306,7 +308,14 @@ class Coordinator:
         except SnapshotError:
             logger.exception("celery-leader: cannot list runs; the watchdog stops them")
         else:
-            doomed = [r for r in runs if self.policy_for(r.task) is OnLoss.TERMINATE]
+            # Only children that still run the term's work: one that finished
+            # (its result not read yet) is left alone rather than killed idle.
+            in_body = {run.pid for run in self.shared.runs.running(token) if run.terminate}
+            doomed = [
+                r
+                for r in runs
+                if self.policy_for(r.task) is OnLoss.TERMINATE and r.worker_pid in in_body
+            ]
             kill_runs(doomed, "lease lost")
         if on_loop:
             self.hand_back_waiting(token)
@@ -330,18 +339,27 @@ class Coordinator:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                running = [
-                    r
-                    for r in self.leader_runs(token)
-                    if not (r.leader_killed and r.worker_pid and process_ended(r.worker_pid))
-                ]
+                running = [r for r in self.leader_runs(token) if not self._process_gone(r)]
             except SnapshotError:
                 running = [None]  # unknown: assume work still runs
+            # Runs the pool's children recorded, the parent may not know of yet.
+            running += self.shared.runs.running(token, exclude_pid=self.shared.owner_pid)
             if not running:
                 return True
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.01)
+
+    def _process_gone(self, request: Any) -> bool:
+        """True when *request* ran in a pool child that has exited (killed by anyone).
+
+        Only a prefork child is a process of its own; elsewhere the run
+        lives in this process and ends with its request.
+        """
+        pid = request.worker_pid
+        if self.pool_kind not in KILLABLE_POOLS or not pid or pid == self.shared.owner_pid:
+            return False
+        return process_ended(pid)
 
     def stop_runs(self, token: int, grace: float) -> bool:
         """Give runs of *token* *grace* seconds to stop; where the pool can kill, kill the rest.
@@ -352,10 +370,12 @@ class Coordinator:
             return True
         if self.pool_kind not in KILLABLE_POOLS:
             return False
+        reason = f"still running {grace:g} s after the term ended"
         try:
-            kill_runs(self.leader_runs(token), f"still running {grace:g} s after the term ended")
+            kill_runs(self.leader_runs(token), reason)
         except SnapshotError:
             logger.exception("celery-leader: cannot list runs to stop them")
+        kill_recorded_runs(self.shared, token, reason)
         return self.runs_ended(token, KILL_SETTLE)
 
     def work_stopped(self, term: Term) -> bool:

@@ -17,6 +17,8 @@ What a stopped run's message becomes is decided in
 from __future__ import annotations
 
 import logging
+import sys
+from types import FrameType
 from typing import Any
 
 from celery.worker.request import Request
@@ -52,6 +54,11 @@ def republish(app: Any, message: Any, queue_name: str) -> None:
 logger = logging.getLogger(__name__)
 
 
+def _called_from(frame: FrameType | None, function: str) -> bool:
+    """True when *frame* (the caller's) runs a function named *function*."""
+    return frame is not None and frame.f_code.co_name == function
+
+
 class LeaderRequest(Request):  # type: ignore[misc]
     """A task request that passes the leader gate before it reaches the pool."""
 
@@ -70,6 +77,12 @@ class LeaderRequest(Request):  # type: ignore[misc]
             return True
         self._request_dict["leader_token"] = token
         self._request_dict["leader_on_loss"] = coordinator.policy_for(self.task).value
+        if _called_from(sys._getframe(1), "execute_using_pool"):
+            # The pool gets it next: from now on it belongs to the pool and is
+            # never handed back. (Celery also asks revoked() on receipt of a
+            # message with an expiry; such a request may still wait for its
+            # ETA, and stays one to hand back.)
+            self.leader_dispatched = True
         return False
 
     def hand_back(self, why: str) -> None:
@@ -110,6 +123,8 @@ class LeaderRequest(Request):  # type: ignore[misc]
 
     #: Set when the parent killed this run because its term ended.
     leader_killed = False
+    #: Set when the gate handed this request to the pool.
+    leader_dispatched = False
 
     @property
     def leader_token(self) -> Any:

@@ -1,7 +1,15 @@
 """The history checker: what a chaos run must never show, and what it may.
 
 Input: the rows leader tasks append (start, write, end) to a log that lives
-outside the lease store, and the ids of the messages sent.
+outside the lease store, the ``gone`` rows the runner appends when a run's
+process died before its end row (killed at the end of its term, or with its
+worker), the ids of the messages sent, and the windows in which a worker's
+whole process group was frozen.
+
+A run is one start row. Its **end** is its ``end`` row, else its ``gone``
+row (the first time the runner saw its process gone: an upper bound of the
+kill). Rows are matched on (task id, token, pid); the clock is the host's
+monotonic clock, the same in every process.
 
 Never allowed:
 * a **stale start**: a run that starts under a token lower than a token that
@@ -12,11 +20,20 @@ Never allowed:
   worker frozen between the two records its write late, so the order of the
   rows is not the order in which the fence saw the writes, and only an
   acceptance that had returned before this write was sent certainly came
-  first.
+  first;
+* a **run in flight across a term change**: a run of token T whose end comes
+  after the first start of a newer token (the old term's work was not over
+  when the next leader's began). Exempt: runs of a worker whose whole process
+  group was frozen (SIGSTOP of the group past the ttl) during the run. That
+  is a paused leader, outside the guarantee's assumptions; only fencing is
+  judged there (stale writes accepted must stay 0), and those runs are
+  counted apart;
+* a **run never ended**: neither an end row nor a gone row (the runner takes
+  a last look at every pid before it kills the workers, so every run has one
+  or the other).
 
 Counted and reported:
-* **in-flight overlaps**: runs of an older term still executing when a newer
-  term started (runs caught by a freeze; fencing is what stops their writes);
+* **runs ended by a kill**: runs whose end is a gone row;
 * **duplicates**: messages run more than once (at-least-once delivery);
 * **lost**: messages sent and never started.
 """
@@ -24,9 +41,18 @@ Counted and reported:
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
+
+
+class Freeze(NamedTuple):
+    """A worker's whole process group stopped from *start* to *end* (monotonic seconds)."""
+
+    worker: str
+    start: float
+    end: float
 
 
 @dataclass
@@ -36,7 +62,10 @@ class Summary:
     stale_starts: list[dict[str, Any]] = field(default_factory=list)
     stale_writes_accepted: list[dict[str, Any]] = field(default_factory=list)
     writes_refused: int = 0
-    in_flight_overlaps: int = 0
+    in_flight_overlaps: list[dict[str, Any]] = field(default_factory=list)
+    frozen_overlaps: int = 0
+    killed: int = 0
+    never_ended: list[dict[str, Any]] = field(default_factory=list)
     duplicates: int = 0
     lost: list[int] = field(default_factory=list)
     terms: int = 0
@@ -50,6 +79,13 @@ class Summary:
                 f"{len(self.stale_writes_accepted)} stale writes accepted: "
                 f"{self.stale_writes_accepted[:3]}"
             )
+        if self.in_flight_overlaps:
+            found.append(
+                f"{len(self.in_flight_overlaps)} runs in flight across a term change: "
+                f"{self.in_flight_overlaps[:3]}"
+            )
+        if self.never_ended:
+            found.append(f"{len(self.never_ended)} runs never ended: {self.never_ended[:3]}")
         return found
 
     def table(self) -> str:
@@ -60,7 +96,10 @@ class Summary:
             ("stale starts (must be 0)", len(self.stale_starts)),
             ("stale fenced writes accepted (must be 0)", len(self.stale_writes_accepted)),
             ("stale fenced writes refused", self.writes_refused),
-            ("runs in flight across a term change", self.in_flight_overlaps),
+            ("runs in flight across a term change (must be 0)", len(self.in_flight_overlaps)),
+            ("  same, worker's group frozen (fencing judged)", self.frozen_overlaps),
+            ("runs ended by a kill (process gone)", self.killed),
+            ("runs never ended (must be 0)", len(self.never_ended)),
             ("duplicated messages (at-least-once)", self.duplicates),
             ("lost messages", len(self.lost)),
         ]
@@ -68,12 +107,47 @@ class Summary:
         return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
 
 
-def check(rows: list[dict[str, Any]], sent: int) -> Summary:
+def _key(row: dict[str, Any]) -> tuple[Any, Any, Any]:
+    return row["task_id"], row["token"], row.get("pid")
+
+
+def run_ends(
+    starts: list[dict[str, Any]], rows: Iterable[dict[str, Any]]
+) -> list[tuple[float, str] | None]:
+    """Per start (in the order given, oldest first): (its end, "end" or "gone"), or None.
+
+    A run's end is the first unclaimed end row of its (task id, token, pid)
+    at or after its start; without one, the first such gone row.
+    """
+    closing: dict[str, dict[tuple[Any, Any, Any], list[float]]] = {
+        "end": defaultdict(list),
+        "gone": defaultdict(list),
+    }
+    for row in rows:
+        if row["kind"] in closing:
+            closing[row["kind"]][_key(row)].append(row["at"])
+    for by_key in closing.values():
+        for times in by_key.values():
+            times.sort()
+    found: list[tuple[float, str] | None] = []
+    for start in starts:
+        match: tuple[float, str] | None = None
+        for kind in ("end", "gone"):
+            times = closing[kind].get(_key(start), [])
+            index = bisect_left(times, start["at"])
+            if index < len(times):
+                match = (times.pop(index), kind)
+                break
+        found.append(match)
+    return found
+
+
+def check(rows: list[dict[str, Any]], sent: int, freezes: Iterable[Freeze] = ()) -> Summary:
     """Check a chaos history; see the module docstring for the rules."""
     summary = Summary(sent=sent)
+    freezes = [Freeze(*f) for f in freezes]
     starts = sorted((r for r in rows if r["kind"] == "start"), key=lambda r: r["at"])
     writes = sorted((r for r in rows if r["kind"] == "write"), key=lambda r: r["at"])
-    ends = {(r["task_id"], r["token"]): r["at"] for r in rows if r["kind"] == "end"}
     summary.started = len(starts)
     summary.terms = len({r["token"] for r in starts})
     highest = 0
@@ -96,13 +170,28 @@ def check(rows: list[dict[str, Any]], sent: int) -> Summary:
     first_start_of_term: dict[int, float] = {}
     for row in starts:
         first_start_of_term.setdefault(row["token"], row["at"])
-    for row in starts:
-        end = ends.get((row["task_id"], row["token"]), float("inf"))
-        if any(
-            token > row["token"] and row["at"] < began < end
+    for row, ended in zip(starts, run_ends(starts, rows), strict=True):
+        if ended is None:
+            summary.never_ended.append(row)
+            continue
+        end, how = ended
+        summary.killed += how == "gone"
+        newer = [
+            (began, token)
             for token, began in first_start_of_term.items()
+            if token > row["token"] and began < end
+        ]
+        if not newer:
+            continue
+        began, token = min(newer)
+        if any(
+            f.worker == row.get("worker") and f.start < end and f.end > row["at"] for f in freezes
         ):
-            summary.in_flight_overlaps += 1
+            summary.frozen_overlaps += 1
+            continue
+        summary.in_flight_overlaps.append(
+            {**row, "ended": end, "ended_by": how, "newer_token": token, "newer_began": began}
+        )
     counts = Counter(r["i"] for r in starts)
     summary.duplicates = sum(n - 1 for n in counts.values() if n > 1)
     summary.lost = sorted(set(range(sent)) - set(counts))

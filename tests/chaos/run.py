@@ -3,16 +3,29 @@
 Each run starts three ``celery worker`` processes of
 tests/integration/leaderapp.py (one reaches the lease store through a
 fault-injecting proxy), streams leader-only ``chaos_work`` tasks, and keeps
-injecting faults: SIGKILL, SIGSTOP-past-the-ttl and SIGTERM of the leader,
-restarting the lease Redis empty, pausing it past the ttl, cutting one
-worker off the store (blackhole) and healing it, and restarting the broker
-with its messages: the Redis broker with its append-only file, or a private
-RabbitMQ node (tests.servers.RabbitMQServer, never the machine's) with its
-data dir, so durable queues keep their persistent messages. The first faults
-are every kind once, in a seeded order, so even a short run restarts the
-broker; then the kinds are drawn at random from the seed. The history of
-runs lives in a Redis of its own that no fault touches; the checker
-(tests/chaos/checker.py) judges it.
+injecting faults: SIGKILL, SIGSTOP-past-the-ttl (of the whole process group,
+and of the main process alone) and SIGTERM of the leader, restarting the
+lease Redis empty, pausing it past the ttl, cutting one worker off the store
+(blackhole, drop, delay) and healing it, slowing that worker's store replies
+(each just in time, then held, with the server's scripts flushed), and
+restarting the broker with its messages: the Redis broker with its
+append-only file, or a private RabbitMQ node (tests.servers.RabbitMQServer,
+never the machine's) with its data dir, so durable queues keep their
+persistent messages. The first faults are every kind once, in a seeded
+order, so even a short run restarts the broker; then the kinds are drawn at
+random from the seed. The history of runs lives in a Redis of its own that
+no fault touches; the checker (tests/chaos/checker.py) judges it.
+
+A stalled main process and a slow store (when worker 0 leads) come with a
+long run in flight, for the end of the term to stop; the streamed runs are
+too short to be caught. A run killed at the end of its term writes no end
+row. A :class:`RunWatcher`
+thread follows the pid of every started run (its start row carries it) in
+/proc every 10 ms and appends a ``gone`` row when the process is gone (a
+zombie counts: a stopped parent cannot reap) without the run's end row, so
+the checker knows when killed work stopped. The runner also records the
+windows in which a worker's whole process group was frozen: a paused leader
+is outside the guarantee's assumptions, and only fencing is judged there.
 
 With RabbitMQ nothing may be lost: the client publishes with publisher
 confirms, so ``send_task`` returns (and the message counts as sent) only
@@ -22,14 +35,16 @@ raises and is sent again.
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import select
 import signal
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,10 +54,127 @@ from celery import Celery
 from celery_leader import install
 from celery_leader.exceptions import StoreError
 from celery_leader.stores import open_store
-from tests.chaos.checker import Summary, check
+from tests.chaos.checker import Freeze, Summary, check
 from tests.chaos.proxy import FaultProxy
 from tests.integration.conftest import ROOT, TASKS, Worker
 from tests.servers import RabbitMQServer, RedisServer
+
+
+def gone_or_zombie(pid: int) -> bool:
+    """True when *pid* no longer runs (exited, or a zombie its stopped parent cannot reap)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+class RunWatcher:
+    """Appends ``gone`` rows to the history for runs whose process died before their end row.
+
+    A thread reads the new history rows and looks at the pid of each run
+    that started and has not ended in /proc every *interval* seconds; a pool
+    child runs many tasks over its life, so a pid counts as gone for a run
+    only while that run is open. Between looks it waits on a pidfd of each
+    such process, which wakes it the moment one exits: a handover can start
+    the next term's work within 10 ms of the kill, so the time of a death
+    must not wait for the next look. When a process is gone, the rows are
+    read once more before anything is written: an end row written before
+    the process died is certain to be in the history by then. The ``at`` of
+    a gone row is the first time the process was seen gone, on the same
+    monotonic clock as the rows (CLOCK_MONOTONIC is system-wide on Linux).
+    """
+
+    def __init__(self, url: str, interval: float = 0.01) -> None:
+        self.client = redis.Redis.from_url(url, decode_responses=True)
+        self.interval = interval
+        self.read = 0
+        self.open: dict[tuple[str, int, int], int] = {}  # (task id, token, pid): open starts
+        self.gone = 0
+        self._pidfds: dict[int, int] = {}  # pid: pidfd, while the pid has an open run
+        self._poller = select.poll()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="run-watcher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            woke = self._poller.poll(self.interval * 1000)
+            at = time.monotonic()
+            exited = {pid for pid, fd in self._pidfds.items() if any(fd == w for w, _ in woke)}
+            with suppress(redis.RedisError):  # the history Redis is never faulted; try again
+                self.poll(at if woke else None, exited)
+
+    def _ingest(self) -> None:
+        new = self.client.lrange("history", self.read, -1)
+        self.read += len(new)
+        for raw in new:
+            row = json.loads(raw)
+            if row.get("kind") not in ("start", "end") or row.get("pid") is None:
+                continue
+            key = (row["task_id"], row["token"], row["pid"])
+            count = self.open.get(key, 0) + (1 if row["kind"] == "start" else -1)
+            if count > 0:
+                self.open[key] = count
+            else:
+                self.open.pop(key, None)
+        pids = {key[2] for key in self.open}
+        for pid in pids - self._pidfds.keys():
+            with suppress(OSError):  # already reaped: /proc says it is gone
+                self._pidfds[pid] = fd = os.pidfd_open(pid)
+                self._poller.register(fd, select.POLLIN)
+        for pid in self._pidfds.keys() - pids:
+            self._forget(pid)
+
+    def _forget(self, pid: int) -> None:
+        fd = self._pidfds.pop(pid)
+        self._poller.unregister(fd)
+        os.close(fd)
+
+    def poll(
+        self, woke_at: float | None = None, exited: frozenset[int] | set[int] = frozenset()
+    ) -> None:
+        """One look: read new rows, then record the open runs whose process is gone.
+
+        *woke_at*: when pidfds woke the thread (the time of a death); *exited*:
+        the pids whose pidfd did (gone, whatever a reused pid shows in /proc).
+        """
+        self._ingest()
+        dead = [key for key in self.open if key[2] in exited or gone_or_zombie(key[2])]
+        if not dead:
+            return
+        at = time.monotonic() if woke_at is None else woke_at
+        self._ingest()  # an end row written before the death is in the history now
+        for key in dead:
+            for _ in range(self.open.pop(key, 0)):
+                task_id, token, pid = key
+                row = {"kind": "gone", "task_id": task_id, "token": token, "pid": pid, "at": at}
+                self.client.rpush("history", json.dumps(row))
+                self.gone += 1
+        for pid in {key[2] for key in dead} & self._pidfds.keys():
+            if all(key[2] != pid for key in self.open):
+                self._forget(pid)
+
+    def settle(self, timeout: float) -> None:
+        """Wait up to *timeout* seconds for every open run to end or be gone."""
+        deadline = time.monotonic() + timeout
+        while self.open and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        """Stop the thread, then take a last look at every open run."""
+        self._stop.set()
+        self._thread.join(10)
+        self.poll()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        for pid in list(self._pidfds):
+            self._forget(pid)
+        self.client.close()
 
 
 @dataclass
@@ -114,6 +246,10 @@ class ChaosRun:
         self.sent = 0
         self._stop = threading.Event()
         self.lease_reader = open_store(self.store.url, timeout=0.5)
+        self.freezes: list[Freeze] = []  # whole process groups frozen: fencing alone is judged
+        self._send_lock = threading.Lock()
+        self.history_client = redis.Redis.from_url(self.history.url, decode_responses=True)
+        self.watcher = RunWatcher(self.history.url)
 
     # -- workers --------------------------------------------------------------
 
@@ -151,16 +287,47 @@ class ChaosRun:
 
     # -- traffic ---------------------------------------------------------------
 
+    def send(self, duration: float) -> int:
+        """Send ``chaos_work(i, duration)`` with the next index *i* and return it.
+
+        Raises when the message was not sent (the broker may be restarting).
+        """
+        with self._send_lock:
+            i = self.sent
+            self.client.send_task(f"{TASKS}.chaos_work", args=(i, duration))
+            self.sent += 1
+            return i
+
     def _send_loop(self) -> None:
         while not self._stop.is_set():
             duration = self.send_rng.uniform(0.02, 0.2)
             try:
-                self.client.send_task(f"{TASKS}.chaos_work", args=(self.sent, duration))
+                self.send(duration)
             except Exception:  # noqa: BLE001 - the broker may be restarting: not sent, retry
                 time.sleep(0.2)
                 continue
-            self.sent += 1
             self._stop.wait(self.config.send_every)
+
+    def long_run(self) -> str:
+        """Send a run of three ttls and wait (3 s at most) until it starts; what happened.
+
+        The faults that stop a leader's work from inside its worker (a stalled
+        main process, a slow store) put one in flight first: the ordinary
+        runs are too short to be caught by the end of a term.
+        """
+        try:
+            i = self.send(self.config.ttl * 3)
+        except Exception:  # noqa: BLE001 - the broker may be restarting
+            return "no long run in flight (not sent)"
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            for raw in self.history_client.lrange("history", -200, -1):
+                row = json.loads(raw)
+                if row["kind"] == "start" and row.get("i") == i:
+                    worker = row["worker"].split("@", 1)[0]
+                    return f"long run i={i} in flight in {worker} pid {row['pid']}"
+            time.sleep(0.05)
+        return f"long run i={i} not started yet"
 
     # -- faults ---------------------------------------------------------------
 
@@ -175,10 +342,31 @@ class ChaosRun:
         found = self.leader()
         if not found:
             return "no leader to freeze"
-        found[1].signal(signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        found[1].signal(signal.SIGSTOP)  # the process group: main, pool, run watchdog
         time.sleep(self.config.ttl + self.rng.uniform(0.5, 2.0))
         found[1].signal(signal.SIGCONT)
+        self.freezes.append(Freeze(found[1].nodename, frozen_at, time.monotonic()))
         return f"SIGSTOP {found[1].nodename} past the ttl, then SIGCONT"
+
+    def fault_stall_leader_parent(self) -> str:
+        found = self.leader()
+        if not found:
+            return "no leader to stall"
+        worker = found[1]
+        hold = self.config.ttl + self.rng.uniform(0.5, 2.0)
+        run = self.long_run()
+        with suppress(ProcessLookupError):
+            os.kill(worker.proc.pid, signal.SIGSTOP)  # the main process alone: children run on
+        try:
+            time.sleep(hold)
+        finally:
+            with suppress(ProcessLookupError):
+                os.kill(worker.proc.pid, signal.SIGCONT)
+        return (
+            f"SIGSTOP of {worker.nodename}'s main process alone for {hold:.2f} s, then SIGCONT "
+            f"({run})"
+        )
 
     def fault_term_leader(self) -> str:
         found = self.leader()
@@ -204,6 +392,37 @@ class ChaosRun:
         self.proxy.set_mode("pass")
         return f"worker 0 cut off the lease store ({mode}), then healed"
 
+    def fault_slow_store(self) -> str:
+        # Right after the next reply (a renewal, when worker 0 leads), every
+        # reply is late by just under the client's read timeout (op_timeout / 2,
+        # op_timeout = renew / 2 = ttl / 6 by default) and the fourth on a
+        # connection is held; the flushed scripts add the NOSCRIPT round trip.
+        read_timeout = self.config.ttl / 12
+        delay = self.rng.uniform(0.7, 0.95) * read_timeout
+        hold = self.config.ttl + self.rng.uniform(0.5, 1.5)
+        leads = (found := self.leader()) is not None and found[0] == 0
+        run = self.long_run() if leads else "no long run: worker 0 follows"
+        self.proxy.after_next_reply("trickle", delay=delay, hang_after=3)
+        deadline = time.monotonic() + self.config.ttl
+        while self.proxy.mode != "trickle" and time.monotonic() < deadline:
+            time.sleep(0.001)
+        switched = self.proxy.mode == "trickle"
+        admin = redis.Redis.from_url(self.store.url, socket_timeout=2)
+        with suppress(redis.RedisError), admin:  # the store may be restarting: no flush then
+            admin.script_flush()
+        if switched:
+            time.sleep(hold)
+        else:
+            self.proxy.after_next_reply("pass")  # never switched: disarm
+        self.proxy.set_mode("pass")
+        role = "leader" if leads else "follower"
+        if not switched:
+            return f"worker 0 ({role}) never got a store reply to slow"
+        return (
+            f"worker 0 ({role}) store replies {delay * 1000:.0f} ms late, the 4th held, "
+            f"scripts flushed, for {hold:.2f} s ({run})"
+        )
+
     def fault_restart_broker(self) -> str:
         if isinstance(self.broker, RabbitMQServer):
             self.broker.restart()  # same data dir: durable queues keep their messages
@@ -215,10 +434,12 @@ class ChaosRun:
         faults = [
             self.fault_kill_leader,
             self.fault_freeze_leader,
+            self.fault_stall_leader_parent,
             self.fault_term_leader,
             self.fault_restart_store,
             self.fault_pause_store,
             self.fault_cut_network,
+            self.fault_slow_store,
             self.fault_restart_broker,
         ]
         self.log(
@@ -228,6 +449,7 @@ class ChaosRun:
         self.ensure_workers()
         for worker in self.workers.values():
             worker.wait_ready(60)
+        self.watcher.start()
         sender = threading.Thread(target=self._send_loop, daemon=True)
         sender.start()
         # Every kind once first, so a short run sees each (the broker restart
@@ -235,11 +457,15 @@ class ChaosRun:
         first = self.rng.sample(faults, len(faults))
         started = time.monotonic()
         try:
-            while time.monotonic() - started < self.config.seconds:
+            while first or time.monotonic() - started < self.config.seconds:
                 time.sleep(self.rng.uniform(1.0, 3.0))
                 fault = first.pop(0) if first else self.rng.choice(faults)
+                began = time.monotonic()
                 what = fault()
-                self.log(f"  [{time.monotonic() - started:6.1f}s] {what}")
+                self.log(
+                    f"  [{began - started:6.1f}s] {what} "
+                    f"(monotonic {began:.3f} to {time.monotonic():.3f})"
+                )
                 time.sleep(self.rng.uniform(0.5, 1.5))
                 self.ensure_workers()
         finally:
@@ -258,15 +484,19 @@ class ChaosRun:
             if len(done) != seen:
                 seen, last_progress = len(done), time.monotonic()
             time.sleep(0.5)
-        time.sleep(1.0)
-        summary = check(self.rows(client), self.sent)
+        time.sleep(1.0)  # the last runs' rows, and the watcher's reading of them
+        # The last look at every run's pid, before close() kills the workers.
+        self.watcher.settle(10)
+        self.watcher.stop()
+        rows = self.rows(client)
+        with open(self.tmp / "history.jsonl", "w") as out:  # kept for a post-mortem
+            out.writelines(json.dumps(row) + "\n" for row in rows)
+        summary = check(rows, self.sent, self.freezes)
         client.close()
         return summary
 
     @staticmethod
     def rows(client: redis.Redis) -> list[dict]:
-        import json
-
         return [json.loads(x) for x in client.lrange("history", 0, -1)]
 
     def close(self) -> None:
@@ -276,6 +506,8 @@ class ChaosRun:
                 worker.signal(signal.SIGKILL)
             for worker in self.workers.values():
                 worker.proc.wait(10)
+            self.watcher.close()
+            self.history_client.close()
             self.client.close()
             self.lease_reader.close()
             self.proxy.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.chaos.checker import check
+from tests.chaos.checker import Freeze, check
 from tests.chaos.run import ChaosConfig, run_chaos
 
 SEED = 20261122
@@ -14,8 +14,9 @@ SEED = 20261122
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
 def test_short_chaos_run(tmp_path, broker, capsys):
     """75 s of seeded faults, each kind at least once (a broker restart included: for
-    RabbitMQ a private node's): no stale start, no stale write accepted; RabbitMQ loses
-    nothing."""
+    RabbitMQ a private node's): no stale start, no stale write accepted, no run of a term
+    still in flight when the next term's work began (but in a frozen worker), every run
+    ended or gone; RabbitMQ loses nothing."""
     summary = run_chaos(ChaosConfig(seconds=75, seed=SEED, broker=broker), tmp_path)
     print(summary.table())
     assert summary.violations() == []
@@ -67,16 +68,113 @@ def test_checker_orders_writes_by_the_fence_not_by_the_record():
     assert len(check(rows, 0).stale_writes_accepted) == 1
 
 
-def test_checker_counts_lost_duplicates_and_in_flight_runs():
-    """Lost and duplicated messages and runs in flight across a term change are counted."""
+def test_checker_counts_lost_and_duplicated_messages():
+    """Lost and duplicated messages are counted, and are no violation."""
     rows = [
         row("start", 0, 5, 1.0),
-        row("start", 1, 6, 2.0),
-        row("end", 0, 5, 2.5),
-        row("start", 1, 6, 3.0),
+        row("end", 0, 5, 1.2),
+        row("start", 1, 5, 2.0),
+        row("end", 1, 5, 2.2),
+        row("start", 1, 5, 3.0),
+        row("end", 1, 5, 3.2),
     ]
     summary = check(rows, 3)
     assert summary.lost == [2]
     assert summary.duplicates == 1
-    assert summary.in_flight_overlaps == 1
+    assert summary.never_ended == []
     assert summary.violations() == []
+
+
+def test_checker_flags_a_run_that_ends_after_a_newer_term_started():
+    """An end row later than the first start of a newer token is an overlap violation."""
+    rows = [row("start", 0, 5, 1.0), row("start", 1, 6, 2.0), row("end", 1, 6, 2.1)]
+    assert check([*rows, row("end", 0, 5, 1.9)], 2).violations() == []
+    summary = check([*rows, row("end", 0, 5, 2.5)], 2)
+    assert len(summary.in_flight_overlaps) == 1
+    assert summary.in_flight_overlaps[0]["newer_token"] == 6
+    assert summary.violations()
+
+
+def test_checker_ends_a_killed_run_at_its_gone_row():
+    """A run with no end row ends at its gone row: before the newer term is fine, after is not."""
+    rows = [row("start", 0, 5, 1.0, pid=41), row("start", 1, 6, 2.0), row("end", 1, 6, 2.1)]
+    summary = check([*rows, row("gone", 0, 5, 1.95, pid=41)], 2)
+    assert summary.killed == 1
+    assert summary.violations() == []
+    summary = check([*rows, row("gone", 0, 5, 2.05, pid=41)], 2)
+    assert summary.in_flight_overlaps[0]["ended_by"] == "gone"
+
+
+def test_checker_takes_the_end_row_over_a_gone_row():
+    """A run that wrote its end row ended then, whenever its process died afterwards."""
+    rows = [
+        row("start", 0, 5, 1.0),
+        row("end", 0, 5, 1.5),
+        row("gone", 0, 5, 3.0),
+        row("start", 1, 6, 2.0),
+        row("end", 1, 6, 2.1),
+    ]
+    summary = check(rows, 2)
+    assert summary.killed == 0
+    assert summary.violations() == []
+
+
+def test_checker_matches_end_and_gone_rows_by_pid_and_start_order():
+    """A pool child's gone row belongs to its open run, not to an ended run of the same task."""
+    rows = [
+        row("start", 0, 5, 1.0, pid=7),  # ran to its end in child 7
+        row("end", 0, 5, 1.2, pid=7),
+        row("start", 0, 5, 1.3, pid=8),  # the same message again, killed in child 8
+        row("start", 0, 5, 1.4, pid=7),  # and again in child 7, ended
+        row("end", 0, 5, 1.6, pid=7),
+        row("gone", 0, 5, 2.5, pid=8),
+        row("start", 1, 6, 2.0),
+        row("end", 1, 6, 2.1),
+    ]
+    summary = check(rows, 2)
+    assert summary.killed == 1
+    assert [r["pid"] for r in summary.in_flight_overlaps] == [8]
+
+
+def test_checker_exempts_runs_of_a_worker_frozen_during_the_run():
+    """A frozen worker's run across a term change is counted apart; other workers' are not."""
+    rows = [
+        row("start", 0, 5, 1.0, worker="a"),
+        row("start", 1, 6, 4.0, worker="b"),
+        row("end", 1, 6, 4.1, worker="b"),
+        row("end", 0, 5, 5.0, worker="a"),
+    ]
+    summary = check(rows, 2, [Freeze("a", 1.5, 4.5)])
+    assert summary.frozen_overlaps == 1
+    assert summary.violations() == []
+    for freeze in (Freeze("b", 1.5, 4.5), Freeze("a", 5.5, 8.0), Freeze("a", 0.1, 0.9)):
+        summary = check(rows, 2, [freeze])
+        assert summary.frozen_overlaps == 0
+        assert len(summary.in_flight_overlaps) == 1, freeze
+
+
+def test_checker_frozen_worker_is_still_judged_by_its_fenced_writes():
+    """The freeze exemption covers the overlap only: a stale write accepted stays a violation."""
+    rows = [
+        row("start", 0, 5, 1.0, worker="a"),
+        row("start", 1, 6, 4.0, worker="b"),
+        row("write", 1, 6, 4.1, accepted=True, sent_at=4.05, worker="b"),
+        row("end", 1, 6, 4.2, worker="b"),
+        row("write", 0, 5, 4.9, accepted=True, sent_at=4.8, worker="a"),
+        row("end", 0, 5, 5.0, worker="a"),
+    ]
+    summary = check(rows, 2, [Freeze("a", 1.5, 4.5)])
+    assert summary.frozen_overlaps == 1
+    assert len(summary.stale_writes_accepted) == 1
+    assert summary.violations()
+
+
+def test_checker_reports_a_run_that_never_ended_apart_from_overlaps():
+    """A run with neither an end nor a gone row is 'never ended', a violation of its own."""
+    rows = [row("start", 0, 5, 1.0), row("start", 1, 6, 2.0), row("end", 1, 6, 2.1)]
+    summary = check(rows, 2)
+    assert [r["i"] for r in summary.never_ended] == [0]
+    assert summary.in_flight_overlaps == []
+    assert any("never ended" in v for v in summary.violations())
+    table = dict(line.rsplit(None, 1) for line in summary.table().splitlines())
+    assert table["  runs never ended (must be 0)"] == "1"

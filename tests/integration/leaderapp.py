@@ -181,10 +181,15 @@ def long_terminate(self, seconds):
 
 @leader_only(on_loss="terminate")
 @app.task(bind=True)
-def gil_terminate(self, count):
-    """Holds the GIL in one C call (sum over a range): no Python thread of the child can run."""
+def gil_terminate(self, seconds, chunk=10**8):
+    """Holds the GIL in C calls (sums over a range, about 1 s each) for about *seconds*.
+
+    No Python thread of the child can run during a call.
+    """
     record("start", self, pid=os.getpid())
-    sum(range(int(count)))
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        sum(range(int(chunk)))
     record("end", self)
 
 
@@ -243,10 +248,15 @@ if os.environ.get("LEADER_METRICS_PORT"):
 @leader_only(on_loss="terminate")
 @app.task(bind=True)
 def chaos_work(self, i, seconds):
-    """Chaos suite work: runs a while, then writes through the fence with its token."""
-    record("start", self, i=i)
+    """Chaos suite work: runs a while, then writes through the fence with its token.
+
+    Every row carries the pool child's pid: the chaos runner watches it, to
+    record when a run that never wrote its end row was gone.
+    """
+    pid = os.getpid()
+    record("start", self, i=i, pid=pid)
     time.sleep(seconds)
     sent_at = time.monotonic()  # a freeze after the fence call must not reorder the write
     accepted = fence.admit("chaos", self.request.leader_token)
-    record("write", self, i=i, accepted=accepted, sent_at=sent_at)
-    record("end", self, i=i)
+    record("write", self, i=i, accepted=accepted, sent_at=sent_at, pid=pid)
+    record("end", self, i=i, pid=pid)

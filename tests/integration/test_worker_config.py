@@ -27,6 +27,7 @@ def runs(rows, kind="start"):
             ["leader_backend_url", "'mongodb'", "redis://"],
         ),
         ({"LEADER_STORE": "memory://"}, ["memory://", "not allowed in a celery worker process"]),
+        ({"CONCURRENCY": "1025"}, ["prefork pool of 1025 processes", "at most 1024"]),
     ],
 )
 def test_bad_settings_stop_the_worker_with_one_clear_line(cluster_for, env, fragments):
@@ -42,6 +43,7 @@ def test_bad_settings_stop_the_worker_with_one_clear_line(cluster_for, env, frag
             "worker",
             "-l",
             "info",
+            *(["--concurrency", env["CONCURRENCY"]] if "CONCURRENCY" in env else []),
         ],
         cwd=ROOT,
         env={**cluster.env, **env},

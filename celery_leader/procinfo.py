@@ -1,0 +1,65 @@
+"""Who a process is, read from ``/proc`` (Linux): its parent and its start time.
+
+A pid alone does not name a process for long: once a process is reaped its
+pid can be given to another. Its start time (clock ticks since boot, field
+22 of ``/proc/<pid>/stat``) does not repeat for one pid, so ``(pid, start
+time)`` names one process for good. Every reader returns None when the
+process is gone or ``/proc`` cannot be read, and never raises.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """Fields of ``/proc/<pid>/stat`` after the command name (state is index 0)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            raw = stat.read()
+    except OSError:
+        return None
+    # The command name is in parentheses and may hold spaces or ")": split after the last.
+    return raw.rsplit(b")", 1)[-1].split()
+
+
+#: Index of the start time among the fields after the command name (field 22 of stat).
+_START_TIME = 19
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent pid of *pid*, or None when it is gone."""
+    fields = _stat_fields(pid)
+    try:
+        return int(fields[1]) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
+def start_time(pid: int) -> int | None:
+    """When *pid* started, in clock ticks since boot, or None when it is gone."""
+    fields = _stat_fields(pid)
+    try:
+        return int(fields[_START_TIME]) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
+_own: tuple[int, int] | None = None
+
+
+def own_start_time() -> int:
+    """The calling process's start time (0 when unknown); read once per process."""
+    global _own  # noqa: PLW0603 - a per-process cache, keyed by pid so a fork re-reads it
+    pid = os.getpid()
+    if _own is None or _own[0] != pid:
+        _own = (pid, start_time(pid) or 0)
+    return _own[1]
+
+
+def is_running(pid: int, started: int) -> bool:
+    """True while the process *pid* that started at *started* runs (a zombie has ended)."""
+    fields = _stat_fields(pid)
+    if not started or not fields or len(fields) <= _START_TIME:
+        return False
+    return fields[0] not in (b"Z", b"X") and fields[_START_TIME] == str(started).encode()
