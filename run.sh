@@ -3,6 +3,8 @@
 #   ./run.sh demo [--quick]   the demo: needs nothing but Python (SQLite lease store)
 #   ./run.sh test [pytest args]   installs what the tests need, lints, type-checks, runs pytest
 #   ./run.sh bench            every benchmark; writes docs/benchmarks.md and docs/failover.png
+#   ./run.sh simulate [--seeds N] [--seed S]   deterministic simulation of the lease protocol;
+#                             ends with "N seeds, V violations", exit 0 only when V is 0
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -59,8 +61,12 @@ case "$cmd" in
     venv "dev,bench"
     exec .venv/bin/python -m benchmarks.report "$@"
     ;;
+  simulate)
+    venv ""
+    exec .venv/bin/python -m celery_leader.simulation "$@"
+    ;;
   *)
-    echo "usage: ./run.sh demo|test|bench [args]" >&2
+    echo "usage: ./run.sh demo|test|bench|simulate [args]" >&2
     exit 2
     ;;
 esac

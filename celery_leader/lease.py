@@ -427,7 +427,10 @@ class LeaseManager:
                 # We can still reach the store: hand the lease over now
                 # rather than make everyone wait for it to expire, once the
                 # term's work stopped.
-                self._release_after_stop(term)
+                if held.elected_at is None:
+                    self._leave_hold_off_to_expire(held)
+                else:
+                    self._release_after_stop(term)
                 return self.timing.renew_interval
             if not self.timing.can_renew_in_time(now, held.valid_until):
                 self._lose(LossReason.STORE_UNREACHABLE)
@@ -436,6 +439,11 @@ class LeaseManager:
                 return 0.0
             now = self._clock()
         if held.elected_at is None and now >= held.hold_until:
+            if now >= held.valid_until:
+                # A renewal whose reply came after validity ended (a pause
+                # mid-call): the term is over before it began. Never elect it.
+                self._lose(LossReason.EXPIRED)
+                return 0.0
             self._elect(held, now)
         wake_at = min(held.next_renew_at, held.valid_until)
         if held.elected_at is None:
@@ -533,8 +541,26 @@ class LeaseManager:
                 held.token,
             )
             self._emit(EventKind.RELEASED, held.term(), at=stopped_at)
-        if release:
+        if release and held.elected_at is not None:
             self._release_after_stop(held.term())
+        elif release:
+            self._leave_hold_off_to_expire(held)
+
+    def _leave_hold_off_to_expire(self, held: _Held) -> None:
+        """A term given up in its hold-off is never released: it expires in the store.
+
+        The hold-off exists because a holder the store forgot may still act
+        until about one ttl after the store forgot. Released early, the next
+        acquirer would find a plain free lease and act at once. Left to
+        expire, the lease ends no earlier than its acquire plus one ttl,
+        which is when the hold-off would have ended.
+        """
+        logger.info(
+            "celery-leader: election %r (token %d) given up in its hold-off; the lease "
+            "is left to expire in the store, so the next holder waits it out too",
+            self.name,
+            held.token,
+        )
 
     def _release_after_stop(self, term: Term) -> None:
         """Release in the store once the guard confirms no work of *term* runs."""

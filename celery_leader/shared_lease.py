@@ -93,7 +93,12 @@ class SharedLease:
         _, token, valid_until, _ = self._read_raw()
         return token, valid_until
 
-    def valid_for(self, token: int | None) -> bool:
-        """True while *token* is the current term's and its validity has not run out."""
+    def valid_for(self, token: int | None, *, now: float | None = None) -> bool:
+        """True while *token* is the current term's and its validity has not run out.
+
+        *now* is the lease-clock time to judge at (default: :func:`clock.now`);
+        the simulation passes its virtual clock.
+        """
         current, valid_until = self.read()
-        return bool(token) and current == token and clock.now() < valid_until
+        at = clock.now() if now is None else now
+        return bool(token) and current == token and at < valid_until

@@ -3,15 +3,57 @@
 Each election is one blob, ``<prefix>/<election name>``, leased with Azure's
 blob leases (the same primitive as Azure's BlobDistributedMutex sample and
 node-cerulean's LeaseManager). The holder's record (nodename, hostname, pid,
-token, acquired-at) and the fencing counter are the blob's content, written
-under the lease, so anyone can read who leads without holding it.
+token, acquired-at, hold-off) and the fencing counter are the blob's content,
+written under the lease, so anyone can read who leads without holding it.
 
 Safety statement
 ----------------
-Azure enforces the lease: while it is held, only requests carrying its id can
-renew, release or write the blob. Expiry runs on Azure's clock. Lease ids are
-GUIDs (Azure rejects anything else; the emulator does not, so the code keeps
-to Azure's rule).
+What this store guarantees:
+
+* **Mutual exclusion** under the lease manager's timing assumptions. Azure
+  enforces the lease: while it is held, only requests carrying its id can
+  renew, release or write the blob, and expiry runs on Azure's clock. Lease
+  ids are GUIDs (Azure rejects anything else; the emulator does not, so the
+  code keeps to Azure's rule). Workers may run on any number of hosts.
+* **Fencing tokens rise on every acquire**: each token is
+  ``max(last + 1, Azure's clock in microseconds, min_token + 1)``, where
+  Azure's clock is the ``Date`` header of the acquire's response (whole
+  seconds). When the counter is missing (a new, deleted or overwritten blob,
+  a deleted container) the counter starts at the next second, ``(Date + 1 s)``
+  in microseconds, above every token handed out up to that second, whatever
+  the acquiring client's clock says. Provided Azure's clock does not go back,
+  a token repeats only if the store loses its data twice within one second,
+  or a counter restored behind (an older copy of the blob) is used within the
+  second of the newest token.
+* **A lease that ended early makes the next holder hold off one ttl**, since
+  its holder may still trust its local validity that long. Before acquiring,
+  the store looks at the blob's lease state (one HEAD request); the next
+  holder holds off when the counter is missing (see above), when the state is
+  ``broken`` or ``breaking`` (someone called Break Lease: Azure ends the lease
+  at once, the holder learns it only at its next renewal), and when the state
+  was ``leased`` by another holder whose lease ended between that look and the
+  acquire (released, expired or broken: the store cannot tell which, so it
+  assumes the worst). The hold-off end is recorded in the blob on Azure's
+  clock (``Date + 1 s + ttl``), so readers on other hosts, and the holder
+  itself after a lost reply, see the same hold-off whatever their clocks say.
+* **The look and the acquire are two requests, so the acquire is conditional
+  on the look**: it carries the blob's ETag from the look, and fails (not
+  acquired) when another client acquired and wrote its record in between.
+  What remains between the two requests is harmless: a lease granted and
+  broken there whose holder never wrote its record never led (its write under
+  the lease fails, and so does its acquire).
+
+What it assumes, and what happens when that does not hold:
+
+* **A Date header** on Azure's responses. If a proxy strips it, the client's
+  wall clock is used instead (logged once as a warning), and tokens after a
+  loss then rise only as far as the clients' clocks agree.
+* **A release during a hold-off would pass nothing on** (the next holder
+  would not wait out the rest), so the lease manager never releases a term
+  in its hold-off: it leaves the lease to expire (celery_leader/lease.py).
+* **Nobody else writes the blobs.** A foreign blob or content is never
+  overwritten while leased; a lease this store did not take blocks the
+  election until it ends.
 
 Azure's rules, and what follows from them:
 
@@ -26,13 +68,12 @@ Azure's rules, and what follows from them:
   the blob's lease state (one HEAD request) every watch interval.
 * **No time left**: Azure does not say how long a lease has left;
   ``expires_in`` reports the lease duration, an upper bound.
-* **Fencing after data loss**: a blob that was deleted (or a new container)
-  restarts the counter from the clock in microseconds, and the first holder
-  holds off one ttl.
 
 Every call carries a timeout bounded by the store timeout, and the SDK's own
 retries are off: the lease manager retries, within the lease (the SDK's
-defaults would keep one call going for more than a minute).
+defaults would keep one call going for more than a minute). Every method
+raises only :class:`~celery_leader.exceptions.StoreError` (or
+:class:`~celery_leader.exceptions.StoreAuthError`), with secrets masked.
 """
 
 from __future__ import annotations
@@ -46,6 +87,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
+from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -54,6 +96,7 @@ from celery_leader.exceptions import ConfigurationError, StoreAuthError, StoreEr
 from celery_leader.stores.base import AcquireResult, Capability, Holder, LeaseRecord, Watch
 
 try:
+    from azure.core import MatchConditions
     from azure.core.exceptions import (
         AzureError,
         ClientAuthenticationError,
@@ -93,6 +136,8 @@ _NOT_OURS = frozenset(
         "ContainerNotFound",
     }
 )
+#: Error codes meaning "the blob (or its container) does not exist".
+_GONE = frozenset({"BlobNotFound", "ContainerNotFound"})
 _AUTH = frozenset(
     {
         "AuthenticationFailed",
@@ -102,6 +147,8 @@ _AUTH = frozenset(
         "NoAuthenticationInformation",
     }
 )
+#: Lease states after which the last holder may still trust its validity.
+_ENDED_EARLY = frozenset({"broken", "breaking"})
 
 
 def lease_guid(lease_id: str) -> str:
@@ -112,8 +159,55 @@ def lease_guid(lease_id: str) -> str:
         return str(uuid.uuid5(uuid.NAMESPACE_URL, lease_id))
 
 
+def _code(exc: HttpResponseError) -> str:
+    """Azure's error code as plain text (the SDK gives a str enum or a str)."""
+    code = getattr(exc, "error_code", None) or ""
+    return str(getattr(code, "value", code))
+
+
 class _NotOursError(Exception):
-    """Internal: Azure said the lease is not ours."""
+    """Internal: Azure said the lease is not ours. Never leaves the store."""
+
+
+class _AzureClock:
+    """Azure's clock, read from the ``Date`` header of a call's response (whole seconds).
+
+    Pass :meth:`hook` as the call's ``raw_response_hook``.
+    """
+
+    _warned = False
+
+    def __init__(self) -> None:
+        self._date: float | None = None
+
+    def hook(self, response: Any) -> None:
+        value = response.http_response.headers.get("Date")
+        if value:
+            with suppress(TypeError, ValueError, IndexError, OverflowError):
+                self._date = parsedate_to_datetime(value).timestamp()
+
+    def now(self, url: str) -> float:
+        """Azure's time of the response (truncated to the second), else the client's clock."""
+        if self._date is not None:
+            return self._date
+        if not _AzureClock._warned:
+            _AzureClock._warned = True
+            logger.warning(
+                "celery-leader: %s answered without a Date header; using this host's clock "
+                "for fencing tokens and hold-offs",
+                url,
+            )
+        return time.time()
+
+
+def _as_dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _as_number(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0.0
+    return float(value)
 
 
 class AzureBlobLeaseStore:
@@ -146,7 +240,6 @@ class AzureBlobLeaseStore:
         self.url = mask_url(url)
         self._timeout = timeout
         self._watch_interval = watch_interval
-        self._ready: set[str] = set()
         self._lock = threading.Lock()
 
     @classmethod
@@ -210,21 +303,30 @@ class AzureBlobLeaseStore:
         return max(1, math.ceil(self._timeout))
 
     @contextmanager
-    def _translated(self, what: str) -> Iterator[None]:
+    def _translated(self, what: str, *, not_ours: bool = False) -> Iterator[None]:
+        """Turn every failure into StoreError / StoreAuthError.
+
+        With *not_ours*, Azure's "not your lease" and "no such blob" answers
+        raise :class:`_NotOursError` instead, for the caller to turn into a
+        False or an empty answer; without it they are store errors too, so
+        the internal exception can never leave the store.
+        """
         try:
             yield
-        except _NotOursError:
-            raise
+        except _NotOursError as exc:
+            if not_ours:
+                raise
+            raise StoreError(self._message(what, exc, str(exc))) from None
         except ClientAuthenticationError as exc:
             raise StoreAuthError(self._message(what, exc)) from None
         except HttpResponseError as exc:
-            code = getattr(exc, "error_code", None) or ""
+            code = _code(exc)
             if code in _AUTH or exc.status_code == 403:  # noqa: PLR2004 - HTTP Forbidden
                 raise StoreAuthError(self._message(what, exc, code)) from None
-            if code in _NOT_OURS:
+            if not_ours and code in _NOT_OURS:
                 raise _NotOursError(code) from None
             raise StoreError(self._message(what, exc, code)) from None
-        except (AzureError, OSError, ValueError) as exc:
+        except (AzureError, OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
             raise StoreError(self._message(what, exc)) from None
 
     def _message(self, what: str, exc: BaseException, code: str = "") -> str:
@@ -234,8 +336,6 @@ class AzureBlobLeaseStore:
 
     def _ensure_blob(self, name: str) -> None:
         """Create the container and the blob when missing (racing creators are fine)."""
-        if name in self._ready:
-            return
         timeout = self._server_timeout()
         with suppress(ResourceExistsError):
             self._service.get_container_client(self._container).create_container(timeout=timeout)
@@ -244,12 +344,18 @@ class AzureBlobLeaseStore:
         except ResourceExistsError:
             pass
         except HttpResponseError as exc:
-            if (getattr(exc, "error_code", "") or "") not in (
-                "LeaseIdMissing",
-                "BlobAlreadyExists",
-            ):
+            if _code(exc) not in ("LeaseIdMissing", "BlobAlreadyExists"):
                 raise
-        self._ready.add(name)
+
+    def _properties(self, name: str, blob: BlobClient) -> Any:
+        """The blob's properties (one HEAD request), creating the blob when it is missing."""
+        try:
+            return blob.get_blob_properties(timeout=self._server_timeout())
+        except HttpResponseError as exc:
+            if _code(exc) not in _GONE and exc.status_code != 404:  # noqa: PLR2004 - Not Found
+                raise
+        self._ensure_blob(name)
+        return blob.get_blob_properties(timeout=self._server_timeout())
 
     def _read_content(self, blob: BlobClient, lease: str | None = None) -> dict[str, Any]:
         raw = blob.download_blob(lease=lease, timeout=self._server_timeout()).readall()
@@ -259,42 +365,46 @@ class AzureBlobLeaseStore:
             data = json.loads(raw)
         except ValueError:
             return {}
-        return data if isinstance(data, dict) else {}
+        return _as_dict(data)
 
     # -- the contract ---------------------------------------------------------
 
     def acquire(self, name: str, holder: Holder, ttl: float, min_token: int = 0) -> AcquireResult:
-        """Acquire the blob lease (or re-acquire our own), then write a new token under it."""
+        """Look at the lease state, acquire the blob lease on that look, write a new token.
+
+        See the module docstring for the hold-off rules and the races left.
+        """
         guid = lease_guid(holder.lease_id)
         duration = min(int(AZURE_TTL_RANGE[1]), math.ceil(ttl))
         with self._translated("acquire"):
-            self._ensure_blob(name)
             blob = self._blob(name)
-            lease = BlobLeaseClient(blob, lease_id=guid)
+            properties = self._properties(name, blob)
+            state = str(properties.lease.state or "")
+            clock = _AzureClock()
             try:
-                lease.acquire(lease_duration=duration, timeout=self._server_timeout())
+                BlobLeaseClient(blob, lease_id=guid).acquire(
+                    lease_duration=duration,
+                    etag=properties.etag,
+                    match_condition=MatchConditions.IfNotModified,
+                    timeout=self._server_timeout(),
+                    raw_response_hook=clock.hook,
+                )
             except HttpResponseError as exc:
-                code = getattr(exc, "error_code", "") or ""
-                if code in _HELD or code.startswith("LeaseIsBreaking"):
+                code = _code(exc)
+                if code in _HELD or code.startswith("LeaseIsBreaking") or code == "ConditionNotMet":
+                    # Held, or taken (and written) by another since our look.
+                    record = self._record_if_any(name)
                     return AcquireResult(
-                        acquired=False, holder=self._record(name), retry_in=ttl / 4
+                        acquired=False,
+                        holder=record,
+                        retry_in=ttl / 4 if record is not None else self._watch_interval,
                     )
-                if code in ("BlobNotFound", "ContainerNotFound"):
-                    self._ready.discard(name)  # deleted under us: create it again next time
-                    raise StoreError(self._message("acquire", exc, code)) from None
                 raise
+            now = clock.now(self.url)
             content = self._read_content(blob, lease=guid)
-            now_us = time.time_ns() // 1000
-            last = content.get("last_token")
-            found = content.get("holder")
-            previous: dict[str, Any] = found if isinstance(found, dict) else {}
-            hold_off = 0.0
-            if previous.get("lease") == guid:
-                # Our own acquire whose reply was lost: its hold-off still runs.
-                hold_off = max(0.0, float(previous.get("hold_until", 0)) - time.time())
-            if not isinstance(last, int):
-                last, hold_off = max(now_us, min_token), float(ttl)
-            token = max(int(last), int(min_token)) + 1
+            token, hold_until, hold_off = self._next_term(
+                content, guid, state=state, now=now, ttl=ttl, min_token=min_token
+            )
             content.update(
                 {
                     "last_token": token,
@@ -304,9 +414,9 @@ class AzureBlobLeaseStore:
                         "hostname": holder.hostname,
                         "pid": holder.pid,
                         "token": token,
-                        "acquired_at": time.time(),
+                        "acquired_at": now,
                         "ttl": duration,
-                        "hold_until": time.time() + hold_off,
+                        "hold_until": hold_until,
                     },
                 }
             )
@@ -318,10 +428,41 @@ class AzureBlobLeaseStore:
             )
         return AcquireResult(acquired=True, token=token, hold_off=hold_off)
 
+    @staticmethod
+    def _next_term(
+        content: dict[str, Any], guid: str, *, state: str, now: float, ttl: float, min_token: int
+    ) -> tuple[int, float, float]:
+        """The new term's token, hold-off end (Azure's clock) and hold-off (seconds from now).
+
+        *content* is the blob we now lease, *state* the lease state seen
+        before acquiring, *now* Azure's (whole-second) time of the acquire.
+        """
+        previous = _as_dict(content.get("holder"))
+        last = content.get("last_token")
+        now_us = int(now) * 1_000_000
+        hold_until = hold_off = 0.0
+        if previous.get("lease") == guid:
+            # Our own acquire whose reply was lost: its hold-off still runs.
+            hold_until = _as_number(previous.get("hold_until"))
+            hold_off = max(0.0, hold_until - now)
+        forgot = isinstance(last, bool) or not isinstance(last, int)
+        taken_from_another = state == "leased" and previous.get("lease") != guid
+        if forgot or state in _ENDED_EARLY or taken_from_another:
+            # One ttl from the reply, which comes after Azure granted the lease; the
+            # recorded end counts from the end of the (truncated) second of the grant.
+            hold_off = max(hold_off, float(ttl))
+            hold_until = max(hold_until, int(now) + 1 + float(ttl))
+        if forgot:
+            token = max(now_us + 1_000_000, int(min_token) + 1)
+        else:
+            assert isinstance(last, int)
+            token = max(last + 1, now_us, int(min_token) + 1)
+        return token, hold_until, hold_off
+
     def renew(self, name: str, lease_id: str, ttl: float) -> bool:
         """Renew our blob lease; False when Azure says it is not ours."""
         try:
-            with self._translated("renew"):
+            with self._translated("renew", not_ours=True):
                 BlobLeaseClient(self._blob(name), lease_id=lease_guid(lease_id)).renew(
                     timeout=self._server_timeout()
                 )
@@ -332,7 +473,7 @@ class AzureBlobLeaseStore:
     def release(self, name: str, lease_id: str) -> bool:
         """Release our blob lease; False when it was not ours."""
         try:
-            with self._translated("release"):
+            with self._translated("release", not_ours=True):
                 BlobLeaseClient(self._blob(name), lease_id=lease_guid(lease_id)).release(
                     timeout=self._server_timeout()
                 )
@@ -342,12 +483,13 @@ class AzureBlobLeaseStore:
 
     def _record(self, name: str) -> LeaseRecord | None:
         blob = self._blob(name)
-        properties = blob.get_blob_properties(timeout=self._server_timeout())
+        clock = _AzureClock()
+        properties = blob.get_blob_properties(
+            timeout=self._server_timeout(), raw_response_hook=clock.hook
+        )
         if properties.lease.state != "leased":
             return None
-        holder = self._read_content(blob).get("holder")
-        if not isinstance(holder, dict):
-            return None
+        holder = _as_dict(self._read_content(blob).get("holder"))
         try:
             return LeaseRecord(
                 nodename=str(holder["nodename"]),
@@ -355,25 +497,29 @@ class AzureBlobLeaseStore:
                 pid=int(holder["pid"]),
                 token=int(holder["token"]),
                 acquired_at=float(holder["acquired_at"]),
-                expires_in=float(holder.get("ttl", 0)),
-                hold_off=max(0.0, float(holder.get("hold_until", 0)) - time.time()),
+                expires_in=_as_number(holder.get("ttl")),
+                hold_off=max(0.0, _as_number(holder.get("hold_until")) - clock.now(self.url)),
             )
         except (KeyError, TypeError, ValueError):
             return None
 
+    def _record_if_any(self, name: str) -> LeaseRecord | None:
+        """The holder's record, or None when the blob vanished meanwhile."""
+        try:
+            with self._translated("read", not_ours=True):
+                return self._record(name)
+        except _NotOursError:
+            return None
+
     def read(self, name: str) -> LeaseRecord | None:
         """The holder written in the blob, while the blob is leased."""
-        try:
-            with self._translated("read"):
-                return self._record(name)
-        except _NotOursError:  # no blob, no lease
-            return None
+        return self._record_if_any(name)
 
     def get_state(self, name: str) -> dict[str, str]:
         """The state kept in the blob's content."""
         try:
-            with self._translated("read state"):
-                state = self._read_content(self._blob(name)).get("state") or {}
+            with self._translated("read state", not_ours=True):
+                state = _as_dict(self._read_content(self._blob(name)).get("state"))
         except _NotOursError:  # no blob yet
             return {}
         return {str(k): str(v) for k, v in state.items()}
@@ -382,10 +528,12 @@ class AzureBlobLeaseStore:
         """Write one state key into the blob, under our lease (Azure refuses others)."""
         guid = lease_guid(lease_id)
         try:
-            with self._translated("write state"):
+            with self._translated("write state", not_ours=True):
                 blob = self._blob(name)
                 content = self._read_content(blob, lease=guid)
-                content.setdefault("state", {})[key] = value
+                state = _as_dict(content.get("state"))
+                state[key] = value
+                content["state"] = state
                 blob.upload_blob(
                     json.dumps(content).encode(),
                     overwrite=True,
@@ -403,7 +551,7 @@ class AzureBlobLeaseStore:
     def lease_is_free(self, name: str) -> bool:
         """True when the blob is not leased (one HEAD request)."""
         try:
-            with self._translated("look"):
+            with self._translated("look", not_ours=True):
                 properties = self._blob(name).get_blob_properties(timeout=self._server_timeout())
         except _NotOursError:  # no blob: nobody holds it
             return True

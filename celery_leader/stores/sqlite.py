@@ -2,20 +2,63 @@
 
 Safety statement
 ----------------
-Every operation is one short ``BEGIN IMMEDIATE`` transaction, so processes on
-the same host see a single order of acquires, renewals and releases. Expiry is
-measured on the host's boot-time clock (``CLOCK_BOOTTIME``), which all
-processes on one host share and which never jumps with wall-clock changes; the
-boot id is stored beside it so that a lease from before a reboot counts as
-expired. On systems without ``CLOCK_BOOTTIME`` the wall clock is used, and a
-wall-clock step backwards can stretch a lease.
+What this store guarantees, on one host:
 
-**One host only.** SQLite's locking is not reliable over network file systems
-(NFS, SMB): several hosts sharing a database file can both believe they lead.
+* **Mutual exclusion** under the lease manager's timing assumptions. Every
+  operation is one short ``BEGIN IMMEDIATE`` transaction, so the processes of
+  the host see a single order of acquires, renewals and releases. Expiry is
+  measured on the lease clock (:mod:`celery_leader.clock`: ``CLOCK_BOOTTIME``
+  on Linux), the very clock the lease manager counts validity on, so one
+  election has one clock end to end: it is shared by all processes of the
+  host, keeps counting while the host is suspended and never jumps with the
+  wall clock. The boot id is stored with each lease, so that a lease from
+  before a reboot counts as expired.
+* **Durability of every grant**: the database runs in WAL mode with
+  ``PRAGMA synchronous = FULL``, so a committed acquire survives an OS crash or
+  power loss (with ``NORMAL`` the last commits could roll back, and a token be
+  handed out twice), provided the disk honours ``fsync``.
+* **Fencing tokens rise on every acquire**: each token is
+  ``max(last + 1, the host's wall clock in microseconds, min_token + 1)``.
+  A counter that is missing (a new or deleted file) or behind (a file
+  restored from an older copy) cannot produce an earlier token, provided the
+  host's wall clock is not stepped back by more than the time between two
+  acquisitions (all processes of the host read the same wall clock).
+* **A file that changed under the processes is noticed.** A process keeps its
+  database file open, so after the file is deleted or replaced (a restore from
+  a backup, a new deployment's file) old processes would go on with the old,
+  unlinked file while new ones use the new one: two elections. So before
+  every operation the store compares the path's identity (device and inode)
+  with the file it opened; when they differ, or the file is gone, it closes
+  the connection and opens the path again (creating the file when missing).
+  A renewal of a lease held in the old file is then refused, so its holder
+  steps down at its next renewal, within its validity.
+* **A store that forgot makes the next holder hold off one ttl**, since the
+  old holder may still trust its local validity that long: a new or deleted
+  file (no counter), a file that is not the one the last term was recorded in
+  (a replaced or restored file: the counter table records the file's identity
+  and the boot), and a lease row that vanished before the end recorded for it
+  beside the counter (an operator's DELETE or UPDATE).
 
-Fencing tokens come from a counter table. When the counter is missing (a new
-or deleted database file) it restarts from the wall clock in microseconds and
-the first holder is told to hold off one ttl, as with any store that forgot.
+What it assumes, and what happens when that does not hold:
+
+* **One host only.** SQLite's locking is not reliable over network file
+  systems (NFS, SMB), and the lease clock is per host: several hosts sharing a
+  database file can both believe they lead. The store does not claim
+  :attr:`~celery_leader.stores.base.Capability.MULTI_HOST`.
+* **Delete or replace the file, never write into it in place.** Removing it
+  (``rm leader.db*``) or moving another file into its place is noticed as
+  above. Copying a backup over the live file (same inode) or restoring into
+  it with SQLite's backup API while workers run is not: tokens still rise
+  (wall clock), but the next holder does not hold off, and a copy written
+  under a running process may corrupt the database.
+* **A release during a hold-off would pass nothing on** (the next holder
+  would not wait out the rest), so the lease manager never releases a term
+  in its hold-off: it leaves the lease to expire (celery_leader/lease.py).
+* **Linux** (``/proc/sys/kernel/random/boot_id`` and ``CLOCK_BOOTTIME``).
+  Elsewhere the lease clock is the monotonic clock, which may stop while the
+  host sleeps (guarantee 1 then needs a host that does not suspend), and with
+  no boot id a lease row left from before a reboot blocks the election until
+  the monotonic clock passes its old end (liveness, not safety: nobody leads).
 
 Release notification: a watcher polls SQLite's ``PRAGMA data_version`` (a
 cheap read that changes when another connection commits) every 50 ms and
@@ -25,15 +68,17 @@ calls back when the lease is free, so a handover takes tens of milliseconds.
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from celery_leader import clock as lease_clock
 from celery_leader.exceptions import ConfigurationError, StoreError
 from celery_leader.stores.base import AcquireResult, Capability, Holder, LeaseRecord, Watch
 
@@ -64,8 +109,20 @@ CREATE TABLE IF NOT EXISTS celery_leader_token (
 );
 """
 
+#: Columns of ``celery_leader_token`` beyond the counter, added to files made
+#: by earlier versions: the end recorded for the current lease (on the lease
+#: clock of ``boot_id``; 0 once released), and the identity of the file the
+#: last term was recorded in.
+_TOKEN_COLUMNS = {
+    "lease_end_us": "INTEGER NOT NULL DEFAULT 0",
+    "boot_id": "TEXT NOT NULL DEFAULT ''",
+    "file_id": "TEXT NOT NULL DEFAULT ''",
+}
+
 #: How often the watcher looks for a released lease, in seconds.
 WATCH_POLL_INTERVAL = 0.05
+
+_FileIdentity = tuple[int, int]
 
 
 def _boot_id() -> str:
@@ -75,14 +132,18 @@ def _boot_id() -> str:
         return "unknown"
 
 
-_CLOCK_ID = getattr(time, "CLOCK_BOOTTIME", None)
-
-
 def host_clock_us() -> int:
-    """Microseconds on a clock that all processes on this host share."""
-    if _CLOCK_ID is not None:
-        return time.clock_gettime_ns(_CLOCK_ID) // 1000
-    return time.time_ns() // 1000
+    """Microseconds on the lease clock (:func:`celery_leader.clock.now`), shared by the host."""
+    return int(lease_clock.now() * 1_000_000)
+
+
+def _identity(path: Path) -> _FileIdentity | None:
+    """The file's (device, inode), or None when there is no file at *path*."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 class SQLiteLeaseStore:
@@ -91,13 +152,15 @@ class SQLiteLeaseStore:
     capabilities = frozenset({Capability.RELEASE_NOTIFICATION})
     ttl_range: tuple[float | None, float | None] = (None, None)
 
-    def __init__(self, path: Path, url: str, timeout: float) -> None:
+    def __init__(self, path: Path, url: str, timeout: float, *, quiet: bool = False) -> None:
         self.url = url
         self._path = path
         self._timeout = timeout
         self._boot_id = _boot_id()
         self._lock = threading.Lock()
         self._connection: sqlite3.Connection | None = None
+        self._identity: _FileIdentity = (0, 0)
+        self._quiet = quiet
 
     @classmethod
     def from_url(
@@ -119,17 +182,62 @@ class SQLiteLeaseStore:
 
     @property
     def _conn(self) -> sqlite3.Connection:
-        """The connection, opened on first use (under ``self._lock``).
+        """The connection to the file now at the path (call under ``self._lock``).
 
         Opening is lazy and its errors are store errors, so that several
         processes starting at once (WAL set-up takes a lock) never fail at
-        start: the lease manager retries.
+        start: the lease manager retries. When the file at the path is no
+        longer the one the connection opened (deleted, replaced), the
+        connection is closed and the path opened again.
         """
+        if self._connection is not None:
+            try:
+                current = _identity(self._path)
+            except OSError as exc:
+                raise StoreError(f"lease store {self.url}: stat failed: {exc}") from None
+            if current != self._identity:
+                self._reopen_after("deleted" if current is None else "replaced")
         if self._connection is None:
-            self._connection = self._connect()
+            self._connection, self._identity = self._connect()
         return self._connection
 
-    def _connect(self) -> sqlite3.Connection:
+    def _reopen_after(self, what: str) -> None:
+        log = logger.debug if self._quiet else logger.warning
+        log(
+            "celery-leader: the database file of %s was %s under this process; opening it "
+            "again (a lease in the old file is lost, and the next holder waits one ttl)",
+            self.url,
+            what,
+        )
+        assert self._connection is not None
+        with suppress(sqlite3.Error):
+            self._connection.close()
+        self._connection = None
+
+    def _connect(self) -> tuple[sqlite3.Connection, _FileIdentity]:
+        """Open the path; return the connection and the identity of the file it opened.
+
+        The identity is taken before and after opening, and must agree: a
+        file replaced meanwhile is opened again. (A file this call created
+        is opened a second time, to see it already there.)
+        """
+        for _ in range(5):
+            try:
+                before = _identity(self._path)
+            except OSError as exc:
+                raise StoreError(f"lease store {self.url}: open failed: {exc}") from None
+            conn = self._open()
+            try:
+                after = _identity(self._path)
+            except OSError as exc:
+                conn.close()
+                raise StoreError(f"lease store {self.url}: open failed: {exc}") from None
+            if before is not None and before == after:
+                return conn, before
+            conn.close()
+        raise StoreError(f"lease store {self.url}: open failed: the file keeps changing")
+
+    def _open(self) -> sqlite3.Connection:
         try:
             conn = sqlite3.connect(
                 self._path, timeout=self._timeout, isolation_level=None, check_same_thread=False
@@ -139,12 +247,41 @@ class SQLiteLeaseStore:
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self._timeout * 1000)}")
             conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
+            # FULL: a committed acquire survives an OS crash (NORMAL may roll back the
+            # last commits in WAL mode, and a token could be handed out twice).
+            conn.execute("PRAGMA synchronous = FULL")
             conn.executescript(_SCHEMA)
+            self._add_missing_columns(conn)
         except sqlite3.Error as exc:
             conn.close()
             raise StoreError(f"lease store {self.url}: open failed: {exc}") from None
         return conn
+
+    @staticmethod
+    def _add_missing_columns(conn: sqlite3.Connection) -> None:
+        """Bring a counter table written by an earlier version up to date (once, atomically)."""
+
+        def missing() -> list[str]:
+            rows = conn.execute("PRAGMA table_info(celery_leader_token)").fetchall()
+            present = {str(row[1]) for row in rows}
+            return [column for column in _TOKEN_COLUMNS if column not in present]
+
+        if not missing():
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for column in missing():  # again, under the write lock: another process may have
+                conn.execute(
+                    f"ALTER TABLE celery_leader_token ADD COLUMN {column} {_TOKEN_COLUMNS[column]}"
+                )
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    @property
+    def _file_id(self) -> str:
+        return f"{self._identity[0]}:{self._identity[1]}"
 
     @contextmanager
     def _transaction(self, what: str) -> Iterator[sqlite3.Connection]:
@@ -172,7 +309,8 @@ class SQLiteLeaseStore:
         return tuple(row)
 
     def acquire(self, name: str, holder: Holder, ttl: float, min_token: int = 0) -> AcquireResult:
-        """Take the lease when free, expired or ours, with a new token."""
+        """Take the lease when free, expired or ours, with a new token; see the safety statement."""
+        ttl_us = int(ttl * 1e6)
         with self._transaction("acquire") as conn:
             now_us = host_clock_us()
             row = self._live_row(conn, name, now_us)
@@ -184,20 +322,31 @@ class SQLiteLeaseStore:
                         holder=_record(row, now_us),
                         retry_in=(row[7] - now_us) / 1e6,
                     )
-                hold_until = row[8]
-            last = conn.execute(
-                "SELECT last_token FROM celery_leader_token WHERE name = ?", (name,)
+                hold_until = int(row[8])  # our own lease (a lost reply): its hold-off runs on
+            counter = conn.execute(
+                "SELECT last_token, lease_end_us, boot_id, file_id"
+                " FROM celery_leader_token WHERE name = ?",
+                (name,),
             ).fetchone()
-            if last is None:
-                floor = max(time.time_ns() // 1000, min_token)
-                hold_until = now_us + int(ttl * 1e6)
+            last = 0
+            if counter is None:
+                # A new or deleted database: the old holder may still trust its validity.
+                hold_until = now_us + ttl_us
             else:
-                floor = max(int(last[0]), min_token)
-            token = floor + 1
+                last = int(counter[0])
+                if counter[2] == self._boot_id:  # else: recorded before a reboot, nobody acts
+                    replaced = bool(counter[3]) and counter[3] != self._file_id
+                    vanished = row is None and int(counter[1]) > now_us
+                    if replaced or vanished:
+                        hold_until = max(hold_until, now_us + ttl_us)
+            token = max(last + 1, time.time_ns() // 1000, int(min_token) + 1)
             conn.execute(
-                "INSERT INTO celery_leader_token (name, last_token) VALUES (?, ?)"
-                " ON CONFLICT(name) DO UPDATE SET last_token = excluded.last_token",
-                (name, token),
+                "INSERT INTO celery_leader_token (name, last_token, lease_end_us, boot_id,"
+                " file_id) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT(name) DO UPDATE SET last_token = excluded.last_token,"
+                " lease_end_us = excluded.lease_end_us, boot_id = excluded.boot_id,"
+                " file_id = excluded.file_id",
+                (name, token, now_us + ttl_us, self._boot_id, self._file_id),
             )
             conn.execute(
                 "INSERT OR REPLACE INTO celery_leader_lease (name, lease_id, nodename, hostname,"
@@ -212,22 +361,28 @@ class SQLiteLeaseStore:
                     token,
                     time.time(),
                     self._boot_id,
-                    now_us + int(ttl * 1e6),
+                    now_us + ttl_us,
                     hold_until,
                 ),
             )
         return AcquireResult(acquired=True, token=token, hold_off=max(0, hold_until - now_us) / 1e6)
 
     def renew(self, name: str, lease_id: str, ttl: float) -> bool:
-        """Extend our unexpired lease; False when it is gone or another's."""
+        """Extend our unexpired lease (and its recorded end); False when it is gone or another's."""
         with self._transaction("renew") as conn:
             now_us = host_clock_us()
+            end_us = now_us + int(ttl * 1e6)
             cursor = conn.execute(
                 "UPDATE celery_leader_lease SET expires_at_us = ?"
                 " WHERE name = ? AND lease_id = ? AND boot_id = ? AND expires_at_us > ?",
-                (now_us + int(ttl * 1e6), name, lease_id, self._boot_id, now_us),
+                (end_us, name, lease_id, self._boot_id, now_us),
             )
-            return cursor.rowcount == 1
+            if cursor.rowcount != 1:
+                return False
+            conn.execute(
+                "UPDATE celery_leader_token SET lease_end_us = ? WHERE name = ?", (end_us, name)
+            )
+            return True
 
     def release(self, name: str, lease_id: str) -> bool:
         """Delete our lease; watchers see the change within 50 ms."""
@@ -236,14 +391,18 @@ class SQLiteLeaseStore:
                 "DELETE FROM celery_leader_lease WHERE name = ? AND lease_id = ?",
                 (name, lease_id),
             )
-            return cursor.rowcount == 1
+            if cursor.rowcount != 1:
+                return False
+            conn.execute("UPDATE celery_leader_token SET lease_end_us = 0 WHERE name = ?", (name,))
+            return True
 
     def read(self, name: str) -> LeaseRecord | None:
         """The live lease of *name*, or None. A plain read: it takes no write lock."""
         with self._lock:
             try:
+                conn = self._conn
                 now_us = host_clock_us()
-                row = self._live_row(self._conn, name, now_us)
+                row = self._live_row(conn, name, now_us)
             except sqlite3.Error as exc:
                 raise StoreError(f"lease store {self.url}: read failed: {exc}") from None
         return None if row is None else _record(row, now_us)
@@ -281,9 +440,15 @@ class SQLiteLeaseStore:
         return self.read(name) is None
 
     def data_version(self) -> int:
-        """SQLite's change counter for commits by other connections."""
+        """SQLite's change counter for commits by other connections (of the file now at the path).
+
+        A reopened file starts a new count, which the watcher takes for a change.
+        """
         with self._lock:
-            row = self._conn.execute("PRAGMA data_version").fetchone()
+            try:
+                row = self._conn.execute("PRAGMA data_version").fetchone()
+            except sqlite3.Error as exc:
+                raise StoreError(f"lease store {self.url}: read failed: {exc}") from None
         return int(row[0])
 
     def close(self) -> None:
@@ -310,7 +475,7 @@ class _FreeLeaseWatch:
     """Calls back when another connection commits and the lease is then free."""
 
     def __init__(self, store: SQLiteLeaseStore, name: str, callback: Callable[[], None]) -> None:
-        self._store = SQLiteLeaseStore(store._path, store.url, store._timeout)
+        self._store = SQLiteLeaseStore(store._path, store.url, store._timeout, quiet=True)
         self._name = name
         self._callback = callback
         self._closed = threading.Event()
@@ -320,11 +485,12 @@ class _FreeLeaseWatch:
         self._thread.start()
 
     def _run(self) -> None:
-        last_version: int | None = None
+        last_version: tuple[_FileIdentity, int] | None = None
         try:
             while not self._closed.wait(WATCH_POLL_INTERVAL):
                 try:
-                    version = self._store.data_version()
+                    number = self._store.data_version()
+                    version = (self._store._identity, number)
                     if version != last_version:
                         last_version = version
                         if self._store.lease_is_free(self._name) and not self._closed.is_set():

@@ -221,3 +221,248 @@ def test_unreachable_azure_never_raises_out_of_the_manager(caplog, monkeypatch):
         assert AZURITE_KEY not in caplog.text
     finally:
         manager.stop()
+
+
+# -- a broken lease, Azure's clock, internal errors ----------------------------
+
+import contextlib  # noqa: E402 - appended section: its own imports
+import types  # noqa: E402
+
+from azure.core.exceptions import HttpResponseError  # noqa: E402
+from azure.storage.blob import BlobLeaseClient, BlobServiceClient  # noqa: E402
+
+from celery_leader.exceptions import StoreError  # noqa: E402
+from celery_leader.lease import LossReason  # noqa: E402
+from celery_leader.stores import azure_blob  # noqa: E402
+from celery_leader.stores.azure_blob import AzureBlobLeaseStore  # noqa: E402
+
+
+def container_of(url: str) -> str:
+    return url.split("/")[2]
+
+
+def blob_client(azurite, url: str, name: str = "job"):
+    service = BlobServiceClient.from_connection_string(azurite.connection_string, retry_total=0)
+    return service.get_blob_client(container_of(url), f"leases/{name}")
+
+
+def break_lease(azurite, url: str) -> None:
+    """What an operator (or a script) does: break the lease at once."""
+    BlobLeaseClient(blob_client(azurite, url)).break_lease(lease_break_period=0)
+
+
+def test_broken_lease_makes_the_next_holder_hold_off(azurite, azure_url):
+    """Someone breaks the leader's lease: the next holder holds off one ttl, not at once."""
+    warm(azure_url)
+    store = open_store(azure_url, timeout=2)
+    try:
+        first_holder, second_holder = Holder.for_this_process("a"), Holder.for_this_process("b")
+        first = store.acquire("job", first_holder, TTL)
+        assert first.acquired and first.hold_off == 0
+        break_lease(azurite, azure_url)
+        assert not store.renew("job", first_holder.lease_id, TTL)
+        second = store.acquire("job", second_holder, TTL)
+        assert second.acquired and second.hold_off >= TTL
+        assert second.token > first.token
+        record = store.read("job")
+        assert record is not None and record.hold_off >= TTL - 1
+        # Our own lease again (the reply was lost): its hold-off still runs.
+        again = store.acquire("job", second_holder, TTL)
+        assert again.acquired and again.hold_off >= TTL - 1 and again.token > second.token
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_broken_lease_under_managers_never_overlaps(azurite, azure_url):
+    """Break the leader's lease: it stops at its next renewal; the next one waits a ttl."""
+    warm(azure_url)
+    history = History()
+    group = managers(azure_url, 2, history)
+    for manager in group:
+        manager.start()
+    try:
+        leader = wait_leader(group, 5)
+        before = [t.token for t in history.terms()]
+        break_lease(azurite, azure_url)
+        broke_at = time.monotonic()
+        successor = wait_leader(group, TTL + 10, exclude=leader)
+        assert time.monotonic() - broke_at >= TTL, "the next holder held off one ttl"
+        assert not leader.is_leader()
+        lost = [e for _, e in history.events if e.kind is EventKind.LOST]
+        assert lost and lost[0].reason is LossReason.RENEW_REJECTED
+        assert lost[0].at <= lost[0].term.valid_until
+        assert successor.current_token() > max(before)
+    finally:
+        for manager in group:
+            manager.stop()
+    assert history.overlaps() == []
+
+
+def client_clock_behind(seconds: float) -> types.SimpleNamespace:
+    """The time module as a client whose wall clock is *seconds* behind sees it."""
+    fields = {name: getattr(time, name) for name in dir(time) if not name.startswith("_")}
+    fields["time"] = lambda: time.time() - seconds
+    fields["time_ns"] = lambda: time.time_ns() - int(seconds * 1e9)
+    return types.SimpleNamespace(**fields)
+
+
+def test_tokens_and_hold_off_come_from_azures_clock(azurite, azure_url, monkeypatch):
+    """A client whose clock is an hour behind, after the store lost its data (twice).
+
+    Its token must still exceed every earlier one (Azure's clock, not the
+    client's), and the hold-off it records must read the same to a client
+    with a correct clock.
+    """
+    warm(azure_url)  # the first loss: a new blob
+    store = open_store(azure_url, timeout=2)
+    try:
+        tokens = []
+        for tag in ("a", "b"):
+            holder = Holder.for_this_process(tag)
+            result = store.acquire("job", holder, TTL)
+            tokens.append(result.token)
+            assert store.release("job", holder.lease_id)
+        time.sleep(1.1)  # Azure's clock has whole seconds: the next loss is in a later one
+        service = BlobServiceClient.from_connection_string(azurite.connection_string)
+        service.delete_container(container_of(azure_url))  # the second loss
+        behind = open_store(azure_url, timeout=2)
+        with monkeypatch.context() as patch:
+            patch.setattr(azure_blob, "time", client_clock_behind(3600))
+            late = behind.acquire("job", Holder.for_this_process("late"), TTL)
+        behind.close()
+        assert late.acquired and late.hold_off >= TTL
+        assert late.token > max(tokens), (late.token, tokens)
+        record = store.read("job")
+        assert record is not None and record.token == late.token
+        assert TTL - 2 <= record.hold_off <= TTL + 1
+        assert abs(record.acquired_at - time.time()) < 5
+    finally:
+        store.close()
+
+
+def test_token_is_at_least_azures_clock_on_every_acquire(azurite, azure_url):
+    """A counter far behind Azure's clock (an old copy of the blob): tokens jump to the clock."""
+    warm(azure_url)
+    blob = blob_client(azurite, azure_url)
+    blob.upload_blob(b'{"last_token": 5}', overwrite=True)
+    store = open_store(azure_url, timeout=2)
+    try:
+        floor = int(time.time() - 2) * 1_000_000
+        result = store.acquire("job", Holder.for_this_process("a"), TTL)
+        assert result.acquired and result.token >= floor
+    finally:
+        store.close()
+
+
+def store_with_request_hook(azurite, url: str, hook) -> AzureBlobLeaseStore:
+    """A store whose HTTP requests first run *hook* (to race them with real requests)."""
+    service = BlobServiceClient.from_connection_string(
+        azurite.connection_string, retry_total=0, raw_request_hook=hook
+    )
+    container, prefix = container_of(url), url.split("/", 3)[3]
+    return AzureBlobLeaseStore(service, container, prefix, url, timeout=2)
+
+
+def test_lease_taken_between_acquire_and_write_is_a_store_error(azurite, azure_url):
+    """Our lease is broken and taken by another right after Azure granted it to us.
+
+    The read and write under our lease then fail with "not our lease": the
+    acquire must end in a StoreError, not leak an internal exception.
+    """
+    warm(azure_url)
+    other = Holder.for_this_process("other")
+    done = []
+
+    def hook(request) -> None:
+        http = request.http_request
+        if done or http.method != "GET" or "x-ms-lease-id" not in http.headers:
+            return
+        done.append(True)  # the download under the lease we just got: take the lease away
+        break_lease(azurite, azure_url)
+        BlobLeaseClient(
+            blob_client(azurite, azure_url), lease_id=lease_guid(other.lease_id)
+        ).acquire(lease_duration=int(TTL))
+
+    store = store_with_request_hook(azurite, azure_url, hook)
+    try:
+        with pytest.raises(StoreError, match="acquire failed"):
+            store.acquire("job", Holder.for_this_process("a"), TTL)
+        assert done
+        assert not store.renew("job", Holder.for_this_process("a").lease_id, TTL)
+    finally:
+        store.close()
+
+
+def test_blob_gone_while_reading_the_holder_is_not_acquired(azurite, azure_url):
+    """The lease is held; the container vanishes before the holder is read: no internal error."""
+    warm(azure_url)
+    keeper = open_store(azure_url, timeout=2)
+    assert keeper.acquire("job", Holder.for_this_process("keeper"), TTL).acquired
+    keeper.close()
+    state = {"lease_sent": False, "deleted": False}
+
+    def hook(request) -> None:
+        http = request.http_request
+        if http.headers.get("x-ms-lease-action") == "acquire":
+            state["lease_sent"] = True
+        elif state["lease_sent"] and not state["deleted"] and http.method in ("HEAD", "GET"):
+            state["deleted"] = True
+            service = BlobServiceClient.from_connection_string(azurite.connection_string)
+            service.delete_container(container_of(azure_url))
+
+    store = store_with_request_hook(azurite, azure_url, hook)
+    try:
+        try:
+            result = store.acquire("job", Holder.for_this_process("a"), TTL)
+        except StoreError:
+            pass  # also fine: what is not allowed is any other exception
+        else:
+            assert not result.acquired
+        assert state["deleted"]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b'{"state": [1, 2]}', b'{"state": "text"}', b'{"holder": [], "last_token": "x"}', b"[1]"],
+)
+def test_foreign_blob_content_never_raises_anything_but_store_errors(azure_url, azurite, content):
+    """Content this store did not write: every method answers or raises StoreError only."""
+    warm(azure_url)
+    blob_client(azurite, azure_url).upload_blob(content, overwrite=True)
+    store = open_store(azure_url, timeout=2)
+    holder = Holder.for_this_process("a")
+    try:
+        calls = [
+            lambda: store.get_state("job"),
+            lambda: store.read("job"),
+            lambda: store.acquire("job", holder, TTL),
+            lambda: store.set_state("job", holder.lease_id, "k", "v"),
+            lambda: store.get_state("job"),
+            lambda: store.renew("job", holder.lease_id, TTL),
+            lambda: store.release("job", holder.lease_id),
+        ]
+        for call in calls:
+            with contextlib.suppress(StoreError):
+                call()
+    finally:
+        store.close()
+
+
+def test_no_store_method_leaks_an_azure_error(azurite, azure_url):
+    """Every method on a missing container answers or raises StoreError, never an SDK error."""
+    store = open_store(azure_url, timeout=2)
+    holder = Holder.for_this_process("a")
+    try:
+        assert store.read("job") is None
+        assert store.get_state("job") == {}
+        assert not store.renew("job", holder.lease_id, TTL)
+        assert not store.release("job", holder.lease_id)
+        assert not store.set_state("job", holder.lease_id, "k", "v")
+        assert store.lease_is_free("job")
+    except HttpResponseError as exc:  # pragma: no cover - the failure this guards against
+        pytest.fail(f"SDK error leaked: {exc!r}")
+    finally:
+        store.close()

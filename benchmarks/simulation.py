@@ -1,0 +1,73 @@
+"""Deterministic simulation at length: many seeds, the correct store and the broken ones.
+
+Run from the repository root:  .venv/bin/python -m benchmarks.simulation [--seeds 100000]
+
+CI runs 10,000 seeds (``./run.sh simulate``); this runs ten times as many
+against the model of the Redis store, and a share of that against each
+deliberately broken store, to show how often the checker catches what it
+breaks. Prints a table: model, seeds, violations (seeds with one), seconds
+and seeds per second (all cores), with the failing seeds of the correct model
+listed below it for replay with ``./run.sh simulate --seed S``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections import Counter
+
+from celery_leader.simulation import Broken, run_seeds
+
+#: Failing seeds listed by number (replay each with ./run.sh simulate --seed S).
+SHOWN = 20
+#: Violations by what the checker says first (its messages name nodes and numbers after).
+KINDS = (
+    "two leaders at once",
+    "work of one term overlaps another term",
+    "with its validity over",
+    "after a term with token",
+    "granted to",
+    "stuck",
+    "the run raised",
+)
+
+
+def kind(violation: str) -> str:
+    return next((known for known in KINDS if known in violation), violation)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=100_000)
+    parser.add_argument("--broken-seeds", type=int, default=2_000)
+    parser.add_argument("--first", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=None)
+    args = parser.parse_args()
+    runs = [("Redis model", None, args.seeds)]
+    runs += [(f"broken: {mode.value}", mode, args.broken_seeds) for mode in Broken]
+    print(f"\ndeterministic simulation, {args.jobs or os.cpu_count()} processes\n")
+    header = ("store", "seeds", "violations", "seconds", "seeds/s")
+    print(f"| {header[0]:<34} | " + " | ".join(f"{h:>7}" for h in header[1:]) + " |")
+    print(f"|{'-' * 36}|{'-' * 9}|{'-' * 12}|{'-' * 9}|{'-' * 9}|")
+    failing: list[int] = []
+    kinds: Counter[str] = Counter()
+    for title, broken, count in runs:
+        seeds = range(args.first, args.first + count)
+        summary = run_seeds(seeds, broken=broken, jobs=args.jobs)
+        rate = summary.seeds / summary.seconds
+        print(
+            f"| {title:<34} | {summary.seeds:>7} | {summary.violations:>10} | "
+            f"{summary.seconds:>7.1f} | {rate:>7.0f} |"
+        )
+        if broken is None:
+            failing = [result.seed for result in summary.failures]
+            kinds.update(kind(result.violation or "") for result in summary.failures)
+    if failing:
+        listed = " ".join(map(str, failing[:SHOWN])) + (" ..." if len(failing) > SHOWN else "")
+        print(f"\nfailing seeds of the Redis model ({len(failing)}): {listed}")
+        for what, count in kinds.most_common():
+            print(f"- {count} x {what}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""Which faults a run suffers: drawn once per seed, before the run starts.
+
+Each seed draws a *profile*: which fault kinds are on (each kind on in about
+half of the seeds, so that calm runs and storms both occur, and combinations
+of every kind do), how the network behaves, and a list of timed faults:
+
+* network: message delay (usual, and slow beyond the store timeout), loss of
+  requests and of replies, duplicated requests, requests held back until
+  after their client gave up (all in :class:`~.network.NetworkProfile`);
+* store: pauses (requests queue until it resumes), restarts with empty data
+  (a new epoch), restarts from an older snapshot (a new epoch), eviction of
+  the lease key alone;
+* nodes: clock rate drift within the bound and any offset, process pauses
+  (shorter and longer than a ttl), step-downs, ``stop()`` with and without
+  release, crashes (SIGKILL; both followed by a restart of the process
+  later), liveness failures (the NOT_LIVE path), and release guards that
+  say the term's work still runs (no release).
+
+The assumptions the checker relies on are kept: the store honours its ttl,
+the epoch changes on every restart (unless a broken store is asked for),
+and drift stays below ``margin / ttl / 4`` (a quarter of what the margin
+allows, see :data:`DRIFT_SHARE`).
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from dataclasses import dataclass, field
+
+from celery_leader.simulation.network import NetworkProfile
+from celery_leader.timing import LeaseTiming
+
+#: The share of the margin that clock drift may use over one ttl.
+DRIFT_SHARE = 0.25
+#: Each fault kind is on in this share of the seeds.
+KIND_ON = 0.5
+#: The share of nodes whose release guard always confirms the work stopped.
+GUARD_OK = 0.9
+#: The share of stops that release (the others leave the lease to expire).
+STOP_RELEASES = 0.7
+
+
+class Kind(enum.Enum):
+    """A timed fault."""
+
+    STORE_PAUSE = "store pause"
+    STORE_RESTART = "store restart (empty)"
+    STORE_RESTORE = "store restart (from a snapshot)"
+    EVICT = "lease key evicted"
+    NODE_PAUSE = "node pause"
+    STEP_DOWN = "step-down"
+    STOP = "stop"
+    CRASH = "crash"
+    UNFIT = "liveness fails"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One timed fault. Unused fields stay at their defaults."""
+
+    at: float
+    kind: Kind
+    #: The node slot it hits (node faults).
+    slot: int = 0
+    #: How long it lasts: a pause, a restart's downtime, a liveness failure.
+    duration: float = 0.0
+    #: STORE_RESTORE: how old the snapshot is (s). STOP/CRASH: restart after (s).
+    age: float = 0.0
+    release: bool = True
+
+
+@dataclass(frozen=True)
+class NodeSetup:
+    """One node slot's clock and habits."""
+
+    rate: float
+    offset: float
+    start: float
+    release_guard_ok: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a seed decides before its run."""
+
+    duration: float
+    network: NetworkProfile
+    nodes: list[NodeSetup]
+    faults: list[Fault] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """One line: what this seed does."""
+        kinds: dict[str, int] = {}
+        for fault in self.faults:
+            kinds[fault.kind.value] = kinds.get(fault.kind.value, 0) + 1
+        parts = [f"{len(self.nodes)} nodes, {self.duration:.0f} s"]
+        parts += [f"{count} x {kind}" for kind, count in kinds.items()]
+        net = self.network
+        if net.slow:
+            parts.append(f"slow {net.slow:.0%}")
+        if net.loss_request or net.loss_reply:
+            parts.append(f"loss {net.loss_request:.0%}/{net.loss_reply:.0%}")
+        if net.duplicate:
+            parts.append(f"dup {net.duplicate:.0%}")
+        if net.late:
+            parts.append(f"late {net.late:.0%}")
+        return ", ".join(parts)
+
+
+def draw(
+    rng: random.Random,
+    timing: LeaseTiming,
+    *,
+    nodes: tuple[int, int] = (3, 5),
+    duration: tuple[float, float] = (30.0, 45.0),
+) -> Plan:
+    """Draw one seed's plan from *rng*."""
+    ttl = timing.ttl
+    length = rng.uniform(*duration)
+    count = rng.randint(*nodes)
+
+    def on() -> bool:
+        return rng.random() < KIND_ON
+
+    def times(most: int) -> list[float]:
+        # Faults fall in the run, leaving its first and last seconds calm.
+        return sorted(rng.uniform(1.0, length - 1.0) for _ in range(rng.randint(1, most)))
+
+    drift = timing.margin / ttl * DRIFT_SHARE
+    setups = [
+        NodeSetup(
+            rate=1.0 + rng.uniform(-drift, drift),
+            offset=rng.uniform(0.0, 10_000.0),
+            start=rng.uniform(0.0, 0.5),
+            release_guard_ok=rng.random() < GUARD_OK,
+        )
+        for _ in range(count)
+    ]
+    op = timing.op_timeout
+    network = NetworkProfile(
+        min_delay=0.0002,
+        max_delay=rng.choice((0.002, 0.01, 0.05)),
+        slow=rng.uniform(0.0, 0.1) if on() else 0.0,
+        slow_max=op * 2.5,
+        loss_request=rng.uniform(0.0, 0.05) if on() else 0.0,
+        loss_reply=rng.uniform(0.0, 0.05) if on() else 0.0,
+        duplicate=rng.uniform(0.0, 0.05) if on() else 0.0,
+        dup_max=ttl,
+        late=rng.uniform(0.0, 0.05) if on() else 0.0,
+        late_max=ttl * 1.5,
+    )
+    faults: list[Fault] = []
+    if on():
+        faults += [
+            Fault(t, Kind.STORE_PAUSE, duration=rng.uniform(0.05, ttl * 1.5)) for t in times(2)
+        ]
+    if on():
+        faults += [Fault(t, Kind.STORE_RESTART, duration=rng.uniform(0.0, 1.0)) for t in times(2)]
+    if on():
+        faults += [
+            Fault(
+                t, Kind.STORE_RESTORE, duration=rng.uniform(0.0, 1.0), age=rng.uniform(0, ttl * 2)
+            )
+            for t in times(2)
+        ]
+    if on():
+        faults += [Fault(t, Kind.EVICT) for t in times(3)]
+    if on():
+        faults += [
+            Fault(
+                t,
+                Kind.NODE_PAUSE,
+                slot=rng.randrange(count),
+                duration=rng.uniform(0.05, ttl * 0.5) if on() else rng.uniform(ttl, ttl * 3),
+            )
+            for t in times(4)
+        ]
+    if on():
+        faults += [Fault(t, Kind.STEP_DOWN, slot=rng.randrange(count)) for t in times(2)]
+    if on():
+        faults += [
+            Fault(
+                t,
+                Kind.STOP,
+                slot=rng.randrange(count),
+                release=rng.random() < STOP_RELEASES,
+                age=rng.uniform(0.1, ttl * 2),
+            )
+            for t in times(2)
+        ]
+    if on():
+        faults += [
+            Fault(t, Kind.CRASH, slot=rng.randrange(count), age=rng.uniform(0.1, ttl * 2))
+            for t in times(2)
+        ]
+    if on():
+        faults += [
+            Fault(t, Kind.UNFIT, slot=rng.randrange(count), duration=rng.uniform(0.1, ttl))
+            for t in times(2)
+        ]
+    faults.sort(key=lambda fault: fault.at)
+    return Plan(duration=length, network=network, nodes=setups, faults=faults)

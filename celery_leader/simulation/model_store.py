@@ -1,0 +1,292 @@
+"""A model of the Redis lease store: the same decisions, as a pure state machine.
+
+What is modelled (one election; see :mod:`celery_leader.stores.redis`, its
+Lua scripts and its safety statement):
+
+* **Data**: the lease record (lease id, token, expiry and hold-off end on the
+  store's clock), the token counter, and the meta record (the epoch, i.e. the
+  run id, of the server that recorded the last term, and the lease end it
+  recorded). Data is immutable; every change makes a new :class:`Data`, so a
+  snapshot is a reference and a restore is an assignment.
+* **acquire**: refused (with ``retry_in``) while a live lease of someone else
+  exists; otherwise the token is ``max(last + 1, store clock in us,
+  min_token + 1)``, and the new holder holds off one ttl when the epoch
+  changed since the last recorded term, when the meta record is missing
+  (first use, or forgotten), or when the lease vanished before its recorded
+  end (eviction). Re-acquiring one's own live lease keeps its remaining
+  hold-off.
+* **renew** and **release**: compare-and-set on the lease id; renew records
+  the new lease end, release records 0 and announces the release to
+  watchers.
+* **Epoch**: a new one on every restart (Redis' ``run_id``), never part of the
+  data, so a restore cannot bring an old one back.
+
+The store's clock is the simulation's real time: store and real time are
+the reference against which the nodes' clocks drift. Expiry is exact: a
+lease granted or renewed at ``t`` ends at ``t + ttl``, which is what "the
+store honours its ttl" means.
+
+Deliberately broken variants (:class:`Broken`) exist to show that the checker
+finds what they break; they are never the default.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from celery_leader.stores.base import (
+    AcquireResult,
+    Capability,
+    Holder,
+    LeaseRecord,
+    NullWatch,
+    Watch,
+)
+
+
+class Broken(str, enum.Enum):
+    """A deliberately wrong store, for showing that the checker catches it."""
+
+    #: A restart from an older snapshot keeps the epoch: the restore goes unnoticed.
+    SNAPSHOT_KEEPS_EPOCH = "snapshot-keeps-epoch"
+    #: The store never asks a new holder to hold off, even after it forgot.
+    NO_HOLD_OFF = "no-hold-off"
+    #: Tokens come from the counter alone (no store clock): a lost counter restarts them.
+    COUNTER_ONLY_TOKENS = "counter-only-tokens"
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The lease record (Redis: the JSON value of the lease key, with its PX expiry)."""
+
+    lease_id: str
+    nodename: str
+    token: int
+    acquired_at: float
+    expires_at: float
+    hold_until: float
+
+
+@dataclass(frozen=True)
+class Meta:
+    """The meta hash: who recorded the last term, and the end recorded for its lease."""
+
+    epoch: int | None
+    """None when a renew or release created the hash without a run id (HSET of one field)."""
+    lease_end: float
+
+
+@dataclass(frozen=True)
+class Data:
+    """Everything a snapshot holds (the epoch is not data)."""
+
+    lease: Lease | None = None
+    counter: int | None = None
+    meta: Meta | None = None
+
+
+#: Called on every grant: (token, lease id, store time).
+GrantHook = Callable[[int, str, float], None]
+
+
+class ModelStore:
+    """The store's state machine, driven at the times the network delivers requests."""
+
+    url = "sim://model"
+    capabilities = frozenset(
+        {
+            Capability.RELEASE_NOTIFICATION,
+            Capability.SERVER_TIME,
+            Capability.FENCING_SURVIVES_DATA_LOSS,
+            Capability.MULTI_HOST,
+        }
+    )
+    ttl_range: tuple[float | None, float | None] = (None, None)
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        *,
+        broken: Broken | None = None,
+        keep_history: bool = False,
+        log: Callable[[str, tuple[object, ...]], None] | None = None,
+    ) -> None:
+        self._clock = clock
+        self.broken = broken
+        self.data = Data()
+        self.epoch = 1
+        #: (time, data) after every change, for restores from a snapshot.
+        self._history: list[tuple[float, Data]] | None = (
+            [(0.0, self.data)] if keep_history else None
+        )
+        self._log = log
+        #: Set by the simulation: told about every grant (for the token check).
+        self.on_grant: GrantHook | None = None
+        #: Set by the simulation: told about every release (to notify watchers).
+        self.on_release: Callable[[], None] | None = None
+        self._labels: dict[str, str] = {}
+        self._label_counts: dict[str, int] = {}
+
+    # -- bookkeeping --------------------------------------------------------------
+
+    def label(self, lease_id: str, nodename: str = "?") -> str:
+        """A short, deterministic name for a lease id (the ids themselves are random)."""
+        label = self._labels.get(lease_id)
+        if label is None:
+            count = self._label_counts.get(nodename, 0) + 1
+            self._label_counts[nodename] = count
+            label = self._labels[lease_id] = f"{nodename}/{count}"
+        return label
+
+    def _say(self, message: str, *args: object) -> None:
+        if self._log is not None:
+            self._log(message, args)
+
+    def _set(self, data: Data) -> None:
+        self.data = data
+        if self._history is not None:
+            self._history.append((self._clock(), data))
+
+    def _live(self, now: float) -> Lease | None:
+        # A key with a PX expiry is gone once its time has come (on the store's clock).
+        lease = self.data.lease
+        return lease if lease is not None and lease.expires_at > now else None
+
+    # -- the store protocol (what LeaseManager calls) ------------------------------
+
+    def acquire(self, name: str, holder: Holder, ttl: float, min_token: int = 0) -> AcquireResult:
+        """ACQUIRE_LUA: take the lease when free or ours; see the module docstring."""
+        now = self._clock()
+        data = self.data
+        current = self._live(now)
+        who = self.label(holder.lease_id, holder.nodename)
+        if current is not None and current.lease_id != holder.lease_id:
+            self._say("acquire by %s refused: held by %s", who, self.label(current.lease_id))
+            return AcquireResult(
+                acquired=False,
+                holder=self._record(current, now),
+                retry_in=current.expires_at - now,
+            )
+        hold_until = current.hold_until if current is not None else 0.0
+        meta = data.meta
+        recorded_end = meta.lease_end if meta is not None else 0.0
+        forgot = (
+            meta is None or meta.epoch != self.epoch or (current is None and recorded_end > now)
+        )
+        if forgot and self.broken is not Broken.NO_HOLD_OFF:
+            hold_until = now + ttl  # the store forgot: the old holder may still act
+        now_us = int(now * 1_000_000)
+        last = data.counter or 0
+        if self.broken is Broken.COUNTER_ONLY_TOKENS:
+            token = max(last + 1, min_token + 1)
+        else:
+            token = max(last + 1, now_us, min_token + 1)
+        lease = Lease(holder.lease_id, holder.nodename, token, now, now + ttl, hold_until)
+        self._set(Data(lease, token, Meta(self.epoch, now + ttl)))
+        hold_off = max(0.0, hold_until - now)
+        self._say("acquire by %s granted: token %d, hold-off %.3f", who, token, hold_off)
+        if self.on_grant is not None:
+            self.on_grant(token, who, now)
+        return AcquireResult(acquired=True, token=token, hold_off=hold_off)
+
+    def renew(self, name: str, lease_id: str, ttl: float) -> bool:
+        """RENEW_LUA: extend our live lease and record its new end."""
+        now = self._clock()
+        current = self._live(now)
+        who = self.label(lease_id)
+        if current is None or current.lease_id != lease_id:
+            self._say("renew by %s rejected", who)
+            return False
+        meta = self.data.meta
+        self._set(
+            replace(
+                self.data,
+                lease=replace(current, expires_at=now + ttl),
+                meta=Meta(None if meta is None else meta.epoch, now + ttl),
+            )
+        )
+        self._say("renew by %s ok (token %d)", who, current.token)
+        return True
+
+    def release(self, name: str, lease_id: str) -> bool:
+        """RELEASE_LUA: delete our live lease, record end 0, announce it."""
+        now = self._clock()
+        current = self._live(now)
+        who = self.label(lease_id)
+        if current is None or current.lease_id != lease_id:
+            self._say("release by %s: not its lease", who)
+            return False
+        meta = self.data.meta
+        self._set(
+            replace(self.data, lease=None, meta=Meta(None if meta is None else meta.epoch, 0.0))
+        )
+        self._say("release by %s ok (token %d)", who, current.token)
+        if self.on_release is not None:
+            self.on_release()
+        return True
+
+    def read(self, name: str) -> LeaseRecord | None:
+        """The live lease as a record, or None."""
+        now = self._clock()
+        current = self._live(now)
+        return None if current is None else self._record(current, now)
+
+    @staticmethod
+    def _record(lease: Lease, now: float) -> LeaseRecord:
+        return LeaseRecord(
+            nodename=lease.nodename,
+            hostname="sim",
+            pid=0,
+            token=lease.token,
+            acquired_at=lease.acquired_at,
+            expires_in=lease.expires_at - now,
+            hold_off=max(0.0, lease.hold_until - now),
+        )
+
+    def get_state(self, name: str) -> dict[str, str]:
+        """Not modelled (the lease manager never uses it): always empty."""
+        return {}
+
+    def set_state(self, name: str, lease_id: str, key: str, value: str) -> bool:
+        """Not modelled: accepted while *lease_id* holds the lease, and forgotten."""
+        current = self._live(self._clock())
+        return current is not None and current.lease_id == lease_id
+
+    def watch(self, name: str, callback: Callable[[], None]) -> Watch:
+        """Notifications are routed per node by the simulation; this store alone has none."""
+        return NullWatch()
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+    # -- faults -------------------------------------------------------------------
+
+    def restart_empty(self) -> None:
+        """A restart without persistence: all data gone, a new epoch."""
+        self.epoch += 1
+        self._set(Data())
+
+    def restore(self, as_of: float) -> float:
+        """A restart from the snapshot taken at *as_of* (or the latest before); a new epoch.
+
+        Returns the time of the snapshot used. The restored lease keeps its
+        absolute expiry, as an RDB file does: it may be gone already on load.
+        """
+        assert self._history is not None, "restores need keep_history=True"
+        times = [time for time, _ in self._history]
+        index = max(0, bisect.bisect_right(times, as_of) - 1)
+        taken, data = self._history[index]
+        if self.broken is not Broken.SNAPSHOT_KEEPS_EPOCH:
+            self.epoch += 1
+        self._set(data)
+        return taken
+
+    def evict_lease(self) -> bool:
+        """The lease key alone vanishes (maxmemory eviction, an operator's DEL)."""
+        if self.data.lease is None:
+            return False
+        self._set(replace(self.data, lease=None))
+        return True

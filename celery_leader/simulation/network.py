@@ -1,0 +1,303 @@
+"""Messages between the nodes and the store: delay, loss, duplication, late delivery.
+
+A store call of node A at real time ``t`` (see :meth:`Network.call`):
+
+1. the request is sent: it reaches the store at ``t + d_request`` unless it
+   is lost; a duplicate may arrive later again and is applied again. A
+   paused store queues what arrives and applies it, in order, when it
+   resumes; a restart loses that queue (the connections die with the
+   process) and refuses connections while it is down;
+2. the store applies it (calls the lease manager's own closure, which calls
+   the model store) and sends the reply, which reaches A ``d_reply`` later
+   unless it is lost (an event owned by A, held back while A is paused);
+3. meanwhile A waits: the scheduler runs the rest of the world, nested,
+   until the reply comes or A's timeout (``timeout`` on A's clock) passes,
+   whichever is first. On timeout the call raises
+   :class:`~celery_leader.bounded.StoreCallTimeoutError`, exactly like
+   :class:`~celery_leader.bounded.BoundedCaller`; the request may still be
+   applied afterwards ("executed after its client gave up").
+
+A call can return later than its reply when another node's call is nested
+inside it (at most that call's timeout later, per level of nesting): that is
+a thread scheduled late, which the manager must tolerate.
+
+Release notifications (Redis pub/sub) travel the same way: at most once, with
+the reply delay, to every watch that is up.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Protocol
+
+from celery_leader.bounded import StoreCallTimeoutError
+from celery_leader.exceptions import StoreError
+from celery_leader.simulation.model_store import ModelStore
+from celery_leader.simulation.scheduler import Owner, Scheduler
+from celery_leader.simulation.trace import Trace
+from celery_leader.stores.base import AcquireResult, Holder, LeaseRecord, Watch
+
+
+@dataclass(frozen=True)
+class NetworkProfile:
+    """How messages behave in one run (chosen per seed, see :mod:`.faults`)."""
+
+    #: Usual one-way delay: uniform in [min_delay, max_delay] seconds.
+    min_delay: float = 0.0005
+    max_delay: float = 0.005
+    #: Probability that a message is slow, and the largest slow delay (s).
+    slow: float = 0.0
+    slow_max: float = 0.0
+    #: Probability that a request, or a reply, is lost.
+    loss_request: float = 0.0
+    loss_reply: float = 0.0
+    #: Probability that a request arrives twice (the copy up to dup_max s later).
+    duplicate: float = 0.0
+    dup_max: float = 0.0
+    #: Probability that a request is held back until after its client gave up.
+    late: float = 0.0
+    late_max: float = 0.0
+
+
+class Caller(Owner, Protocol):
+    """The node side of a call (see :class:`celery_leader.simulation.node.Node`)."""
+
+    name: str
+    rate: float
+
+
+class _Pending:
+    """One call in flight: its outcome, once a reply or the timeout decided it."""
+
+    __slots__ = ("decided", "error", "timed_out", "value")
+
+    def __init__(self) -> None:
+        self.decided = False
+        self.timed_out = False
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+
+class _StoreDownError(StoreError):
+    """The store is restarting: connection refused."""
+
+
+class Network:
+    """Carries requests, replies and notifications; all randomness from one rng."""
+
+    def __init__(
+        self,
+        sched: Scheduler,
+        store: ModelStore,
+        rng: random.Random,
+        profile: NetworkProfile,
+        trace: Trace,
+    ) -> None:
+        self.sched = sched
+        self.store = store
+        self.rng = rng
+        self.profile = profile
+        self.trace = trace
+        #: While true, the store refuses connections (it is restarting).
+        self.store_down = False
+        #: The store applies nothing before this time (it is paused).
+        self.store_paused_until = 0.0
+        #: What reached a paused store, in order of arrival.
+        self._queued: list[Callable[[], None]] = []
+        #: The nodes inside a call, outermost first (the nesting of the scheduler).
+        self.callers: list[Caller] = []
+
+    def delay(self) -> float:
+        """One message's one-way delay."""
+        p, rng = self.profile, self.rng
+        if p.slow and rng.random() < p.slow:
+            return rng.uniform(p.max_delay, p.slow_max)
+        return rng.uniform(p.min_delay, p.max_delay)
+
+    def call(self, node: Caller, fn: Callable[[], Any], timeout: float, what: str) -> Any:
+        """Send *fn* to the store for *node*; wait for the reply at most *timeout* (local s)."""
+        sched, p, rng = self.sched, self.profile, self.rng
+        now = sched.now
+        pending = _Pending()
+        copies = 0 if p.loss_request and rng.random() < p.loss_request else 1
+        if copies and p.duplicate and rng.random() < p.duplicate:
+            copies = 2
+        if not copies:
+            self.trace.add(now, node.name, "%s request lost", what)
+        for copy in range(copies):
+            delay = self.delay()
+            if copy:
+                delay += rng.uniform(0.0, p.dup_max)
+            elif p.late and rng.random() < p.late:
+                delay = timeout / node.rate + rng.uniform(0.0, p.late_max)
+            sched.at(now + delay, lambda: self._arrive(node, pending, fn, what))
+        # The caller's wait is measured on its own clock.
+        sched.at(now + max(timeout, 0.0) / node.rate, lambda: _time_out(pending), node)
+        self.callers.append(node)
+        try:
+            while not pending.decided:
+                sched.run_one()
+        finally:
+            self.callers.pop()
+        if pending.timed_out:
+            self.trace.add(sched.now, node.name, "%s timed out", what)
+            raise StoreCallTimeoutError(f"{what} timed out after {timeout:.3g} s")
+        if pending.error is not None:
+            raise pending.error
+        return pending.value
+
+    def holds_up_others(self, node: Caller) -> bool:
+        """True when *node* is inside a call that other nodes' calls are nested under.
+
+        Such a node's call must end before theirs can return, so pausing it
+        now would pause them too; the simulation starts its pause after its
+        step instead.
+        """
+        return node in self.callers and self.callers[0] is not node
+
+    # -- the store's side ---------------------------------------------------------
+
+    def pause_store(self, duration: float) -> None:
+        """The store stops (SIGSTOP, a long fork): what arrives waits until it resumes."""
+        now = self.sched.now
+        if now + duration > self.store_paused_until:
+            self.store_paused_until = now + duration
+            self.sched.at(self.store_paused_until, self._resume)
+
+    def _resume(self) -> None:
+        if self.sched.now < self.store_paused_until:
+            return  # paused again meanwhile: a later resume drains the queue
+        queued, self._queued = self._queued, []
+        for apply in queued:
+            apply()
+
+    def restart_store(self) -> int:
+        """The store process goes down: queued requests are lost; returns how many."""
+        lost = len(self._queued)
+        self._queued = []
+        self.store_paused_until = 0.0  # a killed process is no longer paused
+        self.store_down = True
+        return lost
+
+    def _arrive(self, node: Caller, pending: _Pending, fn: Callable[[], Any], what: str) -> None:
+        if self.sched.now < self.store_paused_until:
+            self._queued.append(lambda: self._apply(node, pending, fn, what))
+        else:
+            self._apply(node, pending, fn, what)
+
+    def _apply(self, node: Caller, pending: _Pending, fn: Callable[[], Any], what: str) -> None:
+        """The request is taken by the store: apply it, send the reply."""
+        value: Any = None
+        error: BaseException | None = None
+        if self.store_down:
+            error = _StoreDownError(f"{what}: connection refused (store restarting)")
+        else:
+            try:
+                value = fn()
+            except Exception as exc:  # noqa: BLE001 - the reply carries it to the caller
+                error = exc
+        p, rng = self.profile, self.rng
+        if p.loss_reply and rng.random() < p.loss_reply:
+            self.trace.add(self.sched.now, node.name, "%s reply lost", what)
+            return
+        self.sched.at(self.sched.now + self.delay(), lambda: _deliver(pending, value, error), node)
+
+    def notify(self, node: Owner, callback: Callable[[], None]) -> None:
+        """Deliver one release notification to *node*, at most once."""
+        p, rng = self.profile, self.rng
+        if p.loss_reply and rng.random() < p.loss_reply:
+            return
+        self.sched.at(self.sched.now + self.delay(), callback, node)
+
+
+def _time_out(pending: _Pending) -> None:
+    if not pending.decided:
+        pending.decided = pending.timed_out = True
+
+
+def _deliver(pending: _Pending, value: Any, error: BaseException | None) -> None:
+    if not pending.decided:  # a late or duplicate reply nobody waits for is dropped
+        pending.decided = True
+        pending.value, pending.error = value, error
+
+
+class WatchEntry:
+    """One node's subscription to release notifications."""
+
+    __slots__ = ("callback", "closed", "node")
+
+    def __init__(self, node: Owner, callback: Callable[[], None]) -> None:
+        self.node = node
+        self.callback = callback
+        self.closed = False
+
+    def close(self) -> None:
+        """Stop delivering: a notification already on its way is dropped."""
+        self.closed = True
+
+
+class StoreClient:
+    """What one node's LeaseManager holds as its store: the model store, plus its watches.
+
+    The operations run where the network applies them (inside the store's
+    events), so they simply go to the one model store.
+    """
+
+    capabilities = ModelStore.capabilities
+    ttl_range = ModelStore.ttl_range
+
+    def __init__(self, network: Network, node: Owner, watches: list[WatchEntry]) -> None:
+        self._network = network
+        self._store = network.store
+        self._node = node
+        self._watches = watches
+        self.url = self._store.url
+
+    def acquire(self, name: str, holder: Holder, ttl: float, min_token: int = 0) -> AcquireResult:
+        """See :meth:`ModelStore.acquire`."""
+        return self._store.acquire(name, holder, ttl, min_token)
+
+    def renew(self, name: str, lease_id: str, ttl: float) -> bool:
+        """See :meth:`ModelStore.renew`."""
+        return self._store.renew(name, lease_id, ttl)
+
+    def release(self, name: str, lease_id: str) -> bool:
+        """See :meth:`ModelStore.release`."""
+        return self._store.release(name, lease_id)
+
+    def read(self, name: str) -> LeaseRecord | None:
+        """See :meth:`ModelStore.read`."""
+        return self._store.read(name)
+
+    def get_state(self, name: str) -> dict[str, str]:
+        """See :meth:`ModelStore.get_state`."""
+        return self._store.get_state(name)
+
+    def set_state(self, name: str, lease_id: str, key: str, value: str) -> bool:
+        """See :meth:`ModelStore.set_state`."""
+        return self._store.set_state(name, lease_id, key, value)
+
+    def watch(self, name: str, callback: Callable[[], None]) -> Watch:
+        """Subscribe; like Redis, call back once as soon as the subscription is up."""
+        entry = WatchEntry(self._node, callback)
+        self._watches.append(entry)
+        self._network.notify(self._node, lambda: _fire(entry))
+        return entry
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+def _fire(entry: WatchEntry) -> None:
+    if not entry.closed:
+        entry.callback()
+
+
+def notify_watchers(network: Network, watches: list[WatchEntry]) -> None:
+    """A release (or a store restart, which makes every watch resubscribe): tell all."""
+    watches[:] = [entry for entry in watches if not entry.closed]
+    for entry in watches:
+        network.notify(entry.node, partial(_fire, entry))

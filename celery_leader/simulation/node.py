@@ -1,0 +1,277 @@
+"""One simulated worker: the real LeaseManager, its clock, its thread, its work view.
+
+A node is one process with one :class:`~celery_leader.lease.LeaseManager`
+(never started: no thread) driven the way its thread would drive it:
+
+* **the thread** is a chain of step events: ``step()`` runs, and the next
+  step is scheduled after the delay it returned (on the node's clock), or at
+  once when the manager's wake event was set meanwhile (a release
+  notification, ``step_down()``), as ``Event.wait`` would return at once;
+* **the clock** is local: ``offset + rate * real time``, the rate drifting
+  from the store's by at most the configured bound (the manager's timing
+  assumption is that drift over one ttl stays below its ``margin``);
+* **the store calls** go through :class:`~.network.Network` (delay, loss,
+  timeouts);
+* **the work view** is a real :class:`~celery_leader.shared_lease.SharedLease`,
+  fed as the worker's coordinator feeds it: publish on ELECTED and RENEWED,
+  revoke on LOST and RELEASED. The checker reads it on this node's clock, as
+  pool children would.
+
+A pause (SIGSTOP, a GC, a frozen VM) holds back every event of the node (its
+steps, its replies, its notifications) until it ends; its ``is_leader()``
+and its work view are still judged at every instant, on its clock, since a
+paused process's pool children and callers do not wait for it.
+
+Stop, step-down and crash are requests from outside the thread: a node that
+is inside a step (waiting for a store call) takes them when the step
+returns, as the real thread would at its next loop turn.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from celery_leader.lease import EventKind, LeaseEvent, LeaseManager, Term
+from celery_leader.shared_lease import SharedLease
+from celery_leader.simulation.network import Network, StoreClient, WatchEntry
+from celery_leader.simulation.scheduler import Scheduler
+from celery_leader.simulation.trace import Trace
+from celery_leader.stores.base import Holder
+from celery_leader.timing import LeaseTiming
+
+#: Wake-up latency of a thread whose wait ended: uniform in [0, this] seconds.
+#: Also keeps virtual time moving when a step asks to run again at once.
+SCHEDULING_LATENCY = 0.001
+_MIN_LATENCY = 1e-6
+
+ELECTION = "sim"
+
+
+class _Wake(threading.Event):
+    """The manager's wake event: setting it makes the node's next step due now."""
+
+    def __init__(self, on_set: Callable[[], None]) -> None:
+        super().__init__()
+        self._on_set = on_set
+
+    def set(self) -> None:
+        self._on_set()
+
+
+class Node:
+    """One incarnation of a worker process (a restart is a new Node of the same slot)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        slot: int,
+        rate: float,
+        offset: float,
+        sched: Scheduler,
+        network: Network,
+        timing: LeaseTiming,
+        rng: random.Random,
+        trace: Trace,
+        after_code: Callable[[], None],
+        on_elected: Callable[[Node, LeaseEvent], None],
+        release_guard_ok: bool = True,
+    ) -> None:
+        self.name = name
+        self.slot = slot
+        self.rate = rate
+        self.offset = offset
+        self.paused_until = 0.0
+        self._sched = sched
+        self._network = network
+        self._trace = trace
+        self._after_code = after_code
+        self._on_elected = on_elected
+        self._rng = rng
+        #: The manager runs (False once stopped or crashed).
+        self.alive = True
+        #: The process is gone; its pool children may still run until validity ends.
+        self.crashed = False
+        self.unfit_until = 0.0
+        self.release_guard_ok = release_guard_ok
+        self._busy = False
+        self._gen = 0
+        self._wake_pending = False
+        self._stop_pending: bool | None = None  # release flag of a requested stop
+        self._crash_pending = False
+        self._pause_pending = 0.0
+        self.watches: list[WatchEntry] = []
+        self.shared = SharedLease()
+        self.client = StoreClient(network, self, self.watches)
+        self.manager = LeaseManager(
+            self.client,
+            ELECTION,
+            timing,
+            holder=Holder(lease_id=f"{name}-first", nodename=name, hostname="sim", pid=slot),
+            listeners=(self._on_lease_event,),
+            liveness=self._live,
+            release_guard=self._guard,
+            clock=self.local_now,
+            rand=rng.random,
+            event_factory=lambda: _Wake(self.wake),
+            call=self._call,
+        )
+
+    # -- clock and callbacks handed to the manager ---------------------------------
+
+    def local_now(self) -> float:
+        """The lease clock of this node: ``offset + rate * real time``."""
+        return self.offset + self.rate * self._sched.now
+
+    def _call(self, fn: Callable[[], Any], timeout: float, what: str) -> Any:
+        return self._network.call(self, fn, timeout, what)
+
+    def _live(self) -> bool:
+        return self._sched.now >= self.unfit_until
+
+    def _guard(self, term: Term) -> bool:
+        if not self.release_guard_ok:
+            self._trace.add(self._sched.now, self.name, "guard: work of %d still runs", term.token)
+        return self.release_guard_ok
+
+    def _on_lease_event(self, event: LeaseEvent) -> None:
+        # What the worker's coordinator does with each event (coordinator.py).
+        token = event.term.token
+        kind = event.kind
+        if kind is EventKind.RENEWED:
+            self.shared.publish(token, event.term.valid_until)
+            return
+        now = self._sched.now
+        if kind is EventKind.ELECTED:
+            self._trace.add(now, self.name, "ELECTED token %d", token)
+            self._on_elected(self, event)
+            self.shared.publish(token, event.term.valid_until)
+        else:
+            reason = f" ({event.reason.value})" if event.reason is not None else ""
+            self._trace.add(now, self.name, "%s token %d%s", kind.name, token, reason)
+            self.shared.revoke(token)
+
+    # -- the thread -------------------------------------------------------------
+
+    def start(self, at: float) -> None:
+        """Begin competing at real time *at*: subscribe, then the first step."""
+
+        def begin() -> None:
+            self._trace.add(self._sched.now, self.name, "starts (clock rate %.5f)", self.rate)
+            self.manager._open_watch()  # the thread's first action (LeaseManager._run)
+            self._schedule(self._sched.now)
+
+        self._sched.at(at, begin, self)
+
+    def _schedule(self, at: float) -> None:
+        self._gen += 1
+        gen = self._gen
+        self._sched.at(at, lambda: self._step(gen), self)
+
+    def wake(self) -> None:
+        """The manager's wake event was set: step now (or right after the current step)."""
+        if not self.alive:
+            return
+        if self._busy:
+            self._wake_pending = True
+        else:
+            self._schedule(self._sched.now)
+
+    def _step(self, gen: int) -> None:
+        if gen != self._gen or not self.alive:
+            return  # superseded by an earlier wake-up, or stopped
+        self._busy = True
+        self._wake_pending = False
+        try:
+            delay = self.manager.step()
+        finally:
+            self._busy = False
+        self._after_code()
+        if self._take_requests():
+            return
+        if self._wake_pending:
+            delay = 0.0
+        latency = _MIN_LATENCY + self._rng.random() * SCHEDULING_LATENCY
+        self._schedule(self._sched.now + max(delay, 0.0) / self.rate + latency)
+
+    def _take_requests(self) -> bool:
+        """Handle what was asked for during a step; True when the thread ended."""
+        if self._pause_pending:
+            self.pause(self._pause_pending)
+            self._pause_pending = 0.0
+        if self._crash_pending:
+            self._die()
+            return True
+        if self._stop_pending is not None:
+            self._stop(self._stop_pending)
+            return True
+        return False
+
+    # -- requests from outside -------------------------------------------------
+
+    def pause(self, duration: float) -> None:
+        """Stop the process for *duration* seconds (SIGSTOP, a GC, a frozen VM).
+
+        Its events wait. A node whose call other nodes' calls are nested
+        under is paused when its step ends instead (see
+        :meth:`Network.holds_up_others`): otherwise they would wait too.
+        """
+        now = self._sched.now
+        if self._network.holds_up_others(self):
+            self._pause_pending = max(self._pause_pending, duration)
+            self._trace.add(now, self.name, "pause of %.3f s: after this step", duration)
+            return
+        self.paused_until = max(self.paused_until, now + duration)
+        self._trace.add(now, self.name, "paused for %.3f s", duration)
+
+    def request_stop(self, *, release: bool) -> None:
+        """``manager.stop(release=...)``, taken at the thread's next loop turn."""
+        if not self.alive:
+            return
+        if self._busy:
+            self._stop_pending = release
+        else:
+            self._stop(release)
+
+    def _stop(self, release: bool) -> None:
+        self._trace.add(self._sched.now, self.name, "stop(release=%s)", release)
+        self.alive = False  # before stop(): the wake it sets must not schedule a step
+        self.manager.stop(release=release)  # no thread: only sets the flags
+        self._busy = True
+        try:
+            # The thread's body: with _stopping set it goes straight to its
+            # `finally`, which gives the term up (and releases) and closes the watch.
+            self.manager._run()
+        finally:
+            self._busy = False
+        for entry in self.watches:
+            entry.close()
+        self._after_code()
+
+    def request_step_down(self) -> None:
+        """``manager.step_down()``; the thread does it at its next step."""
+        if not self.alive:
+            return
+        self._trace.add(self._sched.now, self.name, "step_down()")
+        # timeout=0: do not block waiting for the thread (there is none); the
+        # request is taken by the next step, which the wake event makes due now.
+        self.manager.step_down(timeout=0)
+
+    def request_crash(self) -> None:
+        """SIGKILL: the manager is gone; the published validity still ends by itself."""
+        if not self.alive:
+            return
+        if self._busy:
+            self._crash_pending = True
+        else:
+            self._die()
+
+    def _die(self) -> None:
+        self._trace.add(self._sched.now, self.name, "crash (SIGKILL)")
+        self.alive = False
+        self.crashed = True
+        for entry in self.watches:
+            entry.close()
