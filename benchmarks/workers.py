@@ -49,6 +49,7 @@ from pathlib import Path
 import redis
 
 from benchmarks.stats import spread
+from celery_leader.procinfo import has_ended
 from tests.chaos.proxy import FaultProxy
 from tests.integration.conftest import Cluster
 
@@ -269,21 +270,11 @@ def stall_rounds(tmp: Path, ttl: float, rounds: int) -> list[float]:
     return results
 
 
-def gone_or_zombie(pid: int) -> bool:
-    """True when *pid* no longer runs (exited, or a zombie its stopped parent cannot reap)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            state = stat.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state in ("Z", "X")
-
-
 def wait_gone(pid: int, timeout: float) -> tuple[float, float] | None:
     """(monotonic, wall) time at which *pid* was first seen gone, or None within *timeout*."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if gone_or_zombie(pid):
+        if has_ended(pid):
             return time.monotonic(), time.time()
         time.sleep(0.002)
     return None

@@ -57,9 +57,20 @@ def own_start_time() -> int:
     return _own[1]
 
 
+def _ended(fields: list[bytes] | None) -> bool:
+    """True for a process gone from ``/proc`` or a zombie (it ended; nobody reaped it yet)."""
+    return not fields or fields[0] in (b"Z", b"X")
+
+
+def has_ended(pid: int) -> bool:
+    """True when *pid* no longer runs: exited, or a zombie its stopped parent cannot reap."""
+    return _ended(_stat_fields(pid))
+
+
 def is_running(pid: int, started: int) -> bool:
     """True while the process *pid* that started at *started* runs (a zombie has ended)."""
     fields = _stat_fields(pid)
-    if not started or not fields or len(fields) <= _START_TIME:
+    if not started or _ended(fields) or len(fields or ()) <= _START_TIME:
         return False
-    return fields[0] not in (b"Z", b"X") and fields[_START_TIME] == str(started).encode()
+    assert fields is not None
+    return fields[_START_TIME] == str(started).encode()

@@ -39,12 +39,12 @@ from dataclasses import dataclass, replace
 
 from celery_leader.stores.base import (
     AcquireResult,
-    Capability,
     Holder,
     LeaseRecord,
     NullWatch,
     Watch,
 )
+from celery_leader.stores.redis import RedisLeaseStore
 
 
 class Broken(str, enum.Enum):
@@ -96,15 +96,9 @@ class ModelStore:
     """The store's state machine, driven at the times the network delivers requests."""
 
     url = "sim://model"
-    capabilities = frozenset(
-        {
-            Capability.RELEASE_NOTIFICATION,
-            Capability.SERVER_TIME,
-            Capability.FENCING_SURVIVES_DATA_LOSS,
-            Capability.MULTI_HOST,
-        }
-    )
-    ttl_range: tuple[float | None, float | None] = (None, None)
+    # It models the Redis store, so it claims what that store claims.
+    capabilities = RedisLeaseStore.capabilities
+    ttl_range = RedisLeaseStore.ttl_range
 
     def __init__(
         self,

@@ -55,7 +55,13 @@ logger = logging.getLogger(__name__)
 
 
 def _called_from(frame: FrameType | None, function: str) -> bool:
-    """True when *frame* (the caller's) runs a function named *function*."""
+    """True when *frame* (the caller's) runs a function named *function*.
+
+    Why a name and not an override: Celery's ``create_request_cls`` builds a
+    per-task subclass of this class whose ``execute_using_pool`` replaces
+    ours without calling it, and calls :meth:`LeaderRequest.revoked` itself.
+    The caller's name is what both versions share.
+    """
     return frame is not None and frame.f_code.co_name == function
 
 

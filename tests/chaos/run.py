@@ -53,20 +53,12 @@ from celery import Celery
 
 from celery_leader import install
 from celery_leader.exceptions import StoreError
+from celery_leader.procinfo import has_ended
 from celery_leader.stores import open_store
 from tests.chaos.checker import Freeze, Summary, check
 from tests.chaos.proxy import FaultProxy
 from tests.integration.conftest import ROOT, TASKS, Worker
 from tests.servers import RabbitMQServer, RedisServer
-
-
-def gone_or_zombie(pid: int) -> bool:
-    """True when *pid* no longer runs (exited, or a zombie its stopped parent cannot reap)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return True
-    return state in ("Z", "X")
 
 
 class RunWatcher:
@@ -142,7 +134,7 @@ class RunWatcher:
         the pids whose pidfd did (gone, whatever a reused pid shows in /proc).
         """
         self._ingest()
-        dead = [key for key in self.open if key[2] in exited or gone_or_zombie(key[2])]
+        dead = [key for key in self.open if key[2] in exited or has_ended(key[2])]
         if not dead:
             return
         at = time.monotonic() if woke_at is None else woke_at

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
+from celery_leader.procinfo import has_ended
 from tests.integration.test_workers import Stream
 
 TTL = 2.0
@@ -23,20 +23,11 @@ def runs(rows, kind="start"):
     return [r for r in rows if r["kind"] == kind]
 
 
-def gone_or_zombie(pid: int) -> bool:
-    """True when *pid* no longer runs (exited, or a zombie its stopped parent cannot reap)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return True
-    return state in ("Z", "X")
-
-
 def wait_gone(pid: int, timeout: float) -> float | None:
     """Monotonic time at which *pid* was first seen gone, or None within *timeout*."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if gone_or_zombie(pid):
+        if has_ended(pid):
             return time.monotonic()
         time.sleep(0.005)
     return None
