@@ -3,6 +3,8 @@
 #   ./run.sh demo [--quick]   the demo: needs nothing but Python (SQLite lease store)
 #   ./run.sh test [pytest args]   installs what the tests need, lints, type-checks, runs pytest
 #   ./run.sh bench            every benchmark; writes docs/benchmarks.md and docs/failover.png
+#   ./run.sh compat [--all]    the compat subset (pytest -m compat) on the oldest allowed
+#                             Celery/kombu/redis-py and on every supported Python
 #   ./run.sh simulate [--seeds N] [--seed S]   deterministic simulation of the lease protocol;
 #                             ends with "N seeds, V violations", exit 0 only when V is 0
 set -euo pipefail
@@ -42,6 +44,64 @@ test_services() {
   fi
 }
 
+# A Python interpreter of version $1 (e.g. 3.10): on PATH, under pyenv, or installed by pyenv.
+python_for() {
+  local root="${PYENV_ROOT:-$HOME/.pyenv}" candidate
+  # A pyenv shim answers to python3.X even when that version is not selected: try each one.
+  for candidate in "$(command -v "python$1" || true)" \
+      $(ls -d "$root"/versions/"$1".*/bin/python 2>/dev/null | sort -rV); do
+    if [ -n "$candidate" ] && "$candidate" -c 'import venv' 2>/dev/null; then
+      echo "$candidate"; return 0
+    fi
+  done
+  if command -v pyenv >/dev/null; then
+    pyenv install -s "$(pyenv install --list | tr -d ' ' | grep -E "^$1\.[0-9]+$" | tail -1)" >&2
+    candidate="$(ls -d "$(pyenv root)"/versions/"$1".*/bin/python 2>/dev/null | sort -rV | head -1)"
+    [ -n "$candidate" ] && { echo "$candidate"; return 0; }
+  fi
+  echo "Python $1 is needed for the compat tests and was not found" >&2
+  return 1
+}
+
+# compat_run LABEL PYTHON [PIN...]: a venv .venv-compat/LABEL with the test extra (and the
+# pins as constraints), kept while its inputs are unchanged; then pytest -m compat in it.
+compat_run() {
+  local label="$1" python="$2"; shift 2
+  local dir=".venv-compat/$label" stamp
+  stamp="$("$python" -V 2>&1) $* $(cat pyproject.toml | sha1sum)"
+  if [ ! -x "$dir/bin/python" ] || [ "$(cat "$dir/.inputs" 2>/dev/null)" != "$stamp" ]; then
+    rm -rf "$dir"
+    "$python" -m venv "$dir" || return 1
+    "$dir/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip || return 1
+    printf '%s\n' "$@" > "$dir/constraints.txt"
+    "$dir/bin/python" -m pip install -q --disable-pip-version-check \
+      -c "$dir/constraints.txt" -e ".[test]" || return 1
+    echo "$stamp" > "$dir/.inputs"
+  fi
+  echo "== compat $label: $("$dir/bin/python" -c 'import sys, celery, kombu, redis; print(f"Python {sys.version.split()[0]}, Celery {celery.__version__}, kombu {kombu.__version__}, redis-py {redis.__version__}")')"
+  "$dir/bin/python" -m pytest -m compat -q -p no:cacheprovider
+}
+
+#: The oldest releases pyproject.toml allows; keep in step with its dependencies.
+FLOOR_PINS=(celery==5.3.0 kombu==5.3.0 redis==5.0.0)
+
+compat() {
+  local status=0
+  local python
+  python="$(python_for 3.10)" || return 1
+  compat_run floor-py3.10 "$python" "${FLOOR_PINS[@]}" || status=1
+  for version in 3.10 3.12 3.13; do
+    python="$(python_for "$version")" && compat_run "py$version" "$python" || status=1
+  done
+  if [ "${1:-}" = "--all" ]; then
+    for celery in 5.4.0 5.5.3 5.6.3; do
+      python="$(python_for 3.12)" && compat_run "celery$celery-py3.12" "$python" "celery==$celery" \
+        || status=1
+    done
+  fi
+  return "$status"
+}
+
 cmd="${1:-}"; shift || true
 case "$cmd" in
   demo)
@@ -54,7 +114,16 @@ case "$cmd" in
     .venv/bin/ruff check .
     .venv/bin/ruff format --check .
     .venv/bin/mypy
-    exec .venv/bin/python -m pytest "$@"
+    status=0
+    .venv/bin/python -m pytest "$@" || status=$?
+    # The compat subset on the oldest allowed releases and the other Pythons (skipped when
+    # pytest was given arguments, which select a part of the suite).
+    if [ "$#" = 0 ]; then compat || status=1; fi
+    exit "$status"
+    ;;
+  compat)
+    test_services
+    compat "$@"
     ;;
   bench)
     test_services
@@ -66,7 +135,7 @@ case "$cmd" in
     exec .venv/bin/python -m celery_leader.simulation "$@"
     ;;
   *)
-    echo "usage: ./run.sh demo|test|bench|simulate [args]" >&2
+    echo "usage: ./run.sh demo|test|compat|bench|simulate [args]" >&2
     exit 2
     ;;
 esac

@@ -56,7 +56,6 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from celery.exceptions import ImproperlyConfigured
 from celery.utils.imports import load_extension_class_names, symbol_by_name
 
 from celery_leader.exceptions import ConfigurationError, StoreError
@@ -66,7 +65,9 @@ from celery_leader.settings import (
     LeaderSettings,
     beat_settings,
     settings_for_app,
+    spelled,
 )
+from celery_leader.startup_error import StartupConfigurationError
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
 
@@ -239,12 +240,12 @@ class LeaderSchedulerMixin:
         try:
             settings = settings_for_app(app, name_suffix=".beat")
         except ConfigurationError as exc:
-            raise ImproperlyConfigured(f"celery-leader: {exc}") from None
+            raise StartupConfigurationError(f"celery-leader: {exc}") from None
         self._leader_settings = settings
         try:
             self._leader_beat: BeatSettings = beat_settings(app.conf)
         except ConfigurationError as exc:
-            raise ImproperlyConfigured(f"celery-leader: {exc}") from None
+            raise StartupConfigurationError(f"celery-leader: {exc}") from None
         self._leader_mode = _standby_mode(self._leader_beat, type(self).__mro__[2])
         super().__init__(app, *args, **kwargs)  # type: ignore[call-arg]
         if getattr(self, "lock_key", None):
@@ -432,18 +433,19 @@ class LeaderScheduler:
         try:
             name = beat_settings(app.conf).scheduler
         except ConfigurationError as exc:
-            raise ImproperlyConfigured(f"celery-leader: {exc}") from None
+            raise StartupConfigurationError(f"celery-leader: {exc}") from None
         aliases = dict(load_extension_class_names("celery.beat_schedulers"))
         try:
             wrapped = symbol_by_name(name, aliases=aliases)
         except (ImportError, AttributeError, ValueError) as exc:
-            raise ImproperlyConfigured(
-                f"celery-leader: leader_beat_scheduler={name!r} cannot be loaded: {exc}"
+            raise StartupConfigurationError(
+                f"celery-leader: {spelled(app.conf, 'leader_beat_scheduler')}={name!r} cannot "
+                f"be loaded: {exc}"
             ) from None
         if wrapped is cls or (
             isinstance(wrapped, type) and issubclass(wrapped, LeaderSchedulerMixin)
         ):
-            raise ImproperlyConfigured(
+            raise StartupConfigurationError(
                 "celery-leader: leader_beat_scheduler names LeaderScheduler itself; name the "
                 "scheduler to wrap, e.g. celery.beat:PersistentScheduler"
             )

@@ -7,17 +7,63 @@ setting, the value given and what is allowed.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
 from celery_leader._masking import mask_url
 from celery_leader.exceptions import ConfigurationError
 from celery_leader.stores.registry import store_class
 from celery_leader.timing import LeaseTiming
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+_KEY = re.compile(r"\bleader_[a-z_]+")
+
+
+def spelled(conf: Mapping[str, Any], key: str) -> str:
+    """*key* as the user wrote it: ``CELERY_LEADER_LEASE_TTL`` under a namespace.
+
+    Celery's ``config_from_object(..., namespace="CELERY")`` finds
+    ``leader_lease_ttl`` in ``CELERY_LEADER_LEASE_TTL``; an error that named
+    the lower-case key would name something the user never wrote.
+    """
+    prefix = getattr(conf, "prefix", None)
+    if not prefix or key in _own_keys(conf):
+        return key
+    given = f"{prefix}{key.upper()}"
+    return given if given in _own_keys(conf) else key
+
+
+def _own_keys(conf: Mapping[str, Any]) -> set[str]:
+    try:
+        return set(conf.keys())
+    except Exception:  # noqa: BLE001 - a conf that cannot list keys keeps the plain names
+        return set()
+
+
+def _spelled_as_given(func: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Rewrite the keys a :class:`ConfigurationError` names as the conf (first arg) spells them."""
+
+    @functools.wraps(func)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return func(*args, **kwargs)
+        except ConfigurationError as exc:
+            conf = args[0] if args else None
+            if not isinstance(conf, Mapping) or not getattr(conf, "prefix", None):
+                raise
+            message = _KEY.sub(lambda m: spelled(conf, m.group(0)), str(exc))
+            raise ConfigurationError(message) from None
+
+    return wrapper
+
 
 #: Lease length when ``leader_lease_ttl`` is not set, in seconds.
 DEFAULT_TTL = 5.0
@@ -106,6 +152,7 @@ def _choice(conf: Mapping[str, Any], key: str, allowed: tuple[str, ...], default
     return str(value)
 
 
+@_spelled_as_given
 def metrics_settings(conf: Mapping[str, Any]) -> MetricsSettings:
     """The validated metrics settings of *conf*."""
     port = conf.get("leader_metrics_port")
@@ -126,10 +173,17 @@ def metrics_settings(conf: Mapping[str, Any]) -> MetricsSettings:
         raise ConfigurationError(
             f"leader_metrics_address={address!r} is not allowed: it must be a host address"
         )
-    enabled = bool(conf.get("leader_metrics")) or port_number is not None
+    flag = conf.get("leader_metrics")
+    if flag is not None and not isinstance(flag, bool):
+        # "no" or "0" from an environment would be truthy: only a real bool is clear.
+        raise ConfigurationError(
+            f"leader_metrics={flag!r} is not allowed: it must be True or False"
+        )
+    enabled = bool(flag) or port_number is not None
     return MetricsSettings(enabled=enabled, port=port_number, address=address)
 
 
+@_spelled_as_given
 def beat_settings(conf: Mapping[str, Any]) -> BeatSettings:
     """The validated ``leader_beat_*`` settings of *conf*."""
     scheduler = conf.get("leader_beat_scheduler") or DEFAULT_BEAT_SCHEDULER
@@ -160,6 +214,7 @@ def beat_settings(conf: Mapping[str, Any]) -> BeatSettings:
     )
 
 
+@_spelled_as_given
 def leader_task_patterns(conf: Mapping[str, Any]) -> tuple[str, ...]:
     """``leader_tasks``: names or glob patterns of leader-only tasks sent by name.
 
@@ -180,11 +235,16 @@ def leader_task_patterns(conf: Mapping[str, Any]) -> tuple[str, ...]:
     return patterns
 
 
+@_spelled_as_given
 def default_backend_url(conf: Mapping[str, Any]) -> str:
     """``leader_backend_url``, else the broker URL when it is Redis."""
     url = conf.get("leader_backend_url")
     if url:
-        return str(url)
+        if not isinstance(url, str):
+            raise ConfigurationError(
+                f"leader_backend_url={type(url).__name__} is not allowed: it must be a URL string"
+            )
+        return url
     broker = conf.get("broker_url") or ""
     if isinstance(broker, (list, tuple)):
         broker = broker[0] if broker else ""
@@ -194,6 +254,7 @@ def default_backend_url(conf: Mapping[str, Any]) -> str:
     raise ConfigurationError(ERR_NO_BACKEND.format(broker=mask_url(broker) or "not set"))
 
 
+@_spelled_as_given
 def default_name(conf: Mapping[str, Any], main: str | None) -> str:
     """``leader_name``, else the app's main module name, else ``"celery"``."""
     name = conf.get("leader_name") or main or "celery"
@@ -204,11 +265,20 @@ def default_name(conf: Mapping[str, Any], main: str | None) -> str:
     return name
 
 
+@_spelled_as_given
 def default_queue(conf: Mapping[str, Any], main: str | None) -> str:
     """``leader_queue``, else ``"<leader_name>.leader"``."""
-    return str(conf.get("leader_queue") or f"{default_name(conf, main)}.leader")
+    queue = conf.get("leader_queue")
+    if queue is None or queue == "":
+        return f"{default_name(conf, main)}.leader"
+    if not isinstance(queue, str) or not queue.strip():
+        raise ConfigurationError(
+            f"leader_queue={queue!r} is not allowed: it must be a non-empty queue name"
+        )
+    return queue
 
 
+@_spelled_as_given
 def load_settings(
     conf: Mapping[str, Any], main: str | None = None, *, name_suffix: str = ""
 ) -> LeaderSettings:
@@ -248,6 +318,12 @@ def load_settings(
         )
         if conf.get(key)
     }
+    interval = _number(conf, "leader_azure_watch_interval", None)
+    if interval is not None and interval <= 0:
+        raise ConfigurationError(
+            f"leader_azure_watch_interval={interval:g} is not allowed: it must be a number "
+            "of seconds > 0"
+        )
     if "leader_azure_connection_string" not in options and os.environ.get(
         "AZURE_STORAGE_CONNECTION_STRING"
     ):

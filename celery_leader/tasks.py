@@ -66,6 +66,18 @@ class LeaderTaskMixin:
             options["queue"] = leader_queue_for(self.app)  # type: ignore[attr-defined]
         return super().apply_async(args, kwargs, **options)  # type: ignore[misc]
 
+    def push_request(self, *args: Any, **kwargs: Any) -> None:
+        """Push a request that keeps the current one's fields (id, leader_token, ...).
+
+        ``Task.__call__`` pushes a request for the body. Celery 5.5 and later
+        merge the current request into it; earlier releases push a fresh one,
+        and the body would see ``self.request.id`` None and no leader token.
+        Merging here gives every supported release 5.5's behaviour.
+        """
+        current = self.request  # type: ignore[attr-defined]
+        merged = {**vars(current), **kwargs} if current is not None else kwargs
+        super().push_request(*args, **merged)  # type: ignore[misc]
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run under the lease: a last check in the pool child, then the task body."""
         request = self.request  # type: ignore[attr-defined]

@@ -30,7 +30,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield server.url
         server.stop()
     else:
-        yield f"sqlite://{tmp_path}/leader.db"
+        yield f"sqlite:///{tmp_path}/leader.db"
 
 
 @pytest.fixture(params=["redis", "sqlite", "azure", "memory"])
@@ -50,7 +50,7 @@ def any_store_url(
         yield redis_server.url
         redis_server.stop()
     else:
-        yield f"sqlite://{tmp_path}/leader.db"
+        yield f"sqlite:///{tmp_path}/leader.db"
 
 
 @pytest.fixture

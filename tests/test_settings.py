@@ -89,4 +89,57 @@ def test_sqlite_needs_an_existing_directory(tmp_path):
     from celery_leader.stores import open_store
 
     with pytest.raises(ConfigurationError, match="leader_backend_url"):
-        open_store(f"sqlite://{tmp_path}/missing/leader.db", timeout=1)
+        open_store(f"sqlite:///{tmp_path}/missing/leader.db", timeout=1)
+
+
+class _DjangoStyleSettings:
+    """Settings as Django holds them, read by Celery under namespace="CELERY"."""
+
+    CELERY_BROKER_URL = "redis://127.0.0.1:6379/0"
+    CELERY_LEADER_LEASE_TTL = "soon"
+
+
+def test_errors_spell_the_key_as_written_under_a_namespace():
+    """Under Django's namespace the error names CELERY_LEADER_LEASE_TTL, the key the user wrote."""
+    from celery import Celery
+
+    from celery_leader.settings import settings_for_app
+
+    app = Celery("proj")
+    app.config_from_object(_DjangoStyleSettings, namespace="CELERY")
+    with pytest.raises(ConfigurationError) as caught:
+        settings_for_app(app)
+    assert str(caught.value).startswith("CELERY_LEADER_LEASE_TTL='soon' is not allowed")
+    assert "leader_lease_ttl" not in str(caught.value)
+
+
+def test_namespaced_settings_are_read():
+    """CELERY_LEADER_* keys take effect under the namespace."""
+    from celery import Celery
+
+    from celery_leader.settings import settings_for_app
+
+    app = Celery("proj")
+    app.config_from_object(_DjangoStyleSettings, namespace="CELERY")
+    app.conf.CELERY_LEADER_LEASE_TTL = 7
+    app.conf.CELERY_LEADER_NAME = "billing"
+    settings = settings_for_app(app)
+    assert settings.timing.ttl == 7.0
+    assert settings.name == "billing"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("leader_metrics", "no", "leader_metrics='no' is not allowed: it must be True or False"),
+        ("leader_queue", 5, "leader_queue=5 is not allowed"),
+        ("leader_queue", "  ", "leader_queue='  ' is not allowed"),
+        ("leader_backend_url", 5, "leader_backend_url=int is not allowed"),
+        ("leader_azure_watch_interval", 0, "leader_azure_watch_interval=0 is not allowed"),
+        ("leader_azure_watch_interval", "x", "leader_azure_watch_interval='x' is not allowed"),
+    ],
+)
+def test_values_of_the_wrong_type_are_refused(key, value, fragment):
+    """Each key refuses a value of the wrong type with one line naming key and value."""
+    with pytest.raises(ConfigurationError, match="^" + fragment.replace("(", r"\(")):
+        load_settings(conf(**{key: value}), "proj")

@@ -28,6 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 LEADER_REQUEST = "celery_leader.worker.request:LeaderRequest"
 
 
+pytestmark = pytest.mark.compat
+
+
 @pytest.fixture(autouse=True)
 def _settle_leader_tasks() -> Iterator[None]:
     """Resolve every @leader_only task after each test.
@@ -144,6 +147,25 @@ def test_direct_call_and_apply_run_the_body() -> None:
     task, _ = bound_form(app)
     assert task(3) == (f"{app.main}.bound", 3)
     assert task.apply((4,)).get() == (f"{app.main}.bound", 4)
+
+
+def test_the_body_sees_its_request_under_a_lease() -> None:
+    """The task body sees its own request id and token on every supported Celery release.
+
+    Before Celery 5.5, Task.__call__ pushed a fresh request for the body, losing both.
+    """
+    from celery_leader.testing import leadership
+
+    app = new_app(leader_backend_url="memory://request-seen")
+
+    @leader_only
+    @app.task(bind=True)
+    def seen(self: Any) -> tuple[Any, Any]:
+        return self.request.id, getattr(self.request, "leader_token", None)
+
+    with leadership(7):
+        result = seen.apply()
+    assert result.get() == (result.id, 7)
 
 
 def test_leader_only_acks_late_false_is_respected() -> None:

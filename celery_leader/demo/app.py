@@ -39,7 +39,7 @@ if _broker.startswith("filesystem"):
         "polling_interval": 0.05,
     }
 app.conf.leader_backend_url = os.environ.get("CELERY_LEADER_DEMO_STORE") or (
-    f"sqlite://{DEMO_DIR}/leader.db"
+    f"sqlite:///{DEMO_DIR}/leader.db"
 )
 app.conf.leader_lease_ttl = float(os.environ.get("CELERY_LEADER_DEMO_TTL", "3"))
 app.conf.beat_scheduler = "celery_leader.beat:LeaderScheduler"

@@ -132,7 +132,7 @@ def run_celery_demo(
             "CELERY_LEADER_DEMO_STORE": store or "",
             "CELERY_LEADER_DEMO_TTL": str(ttl),
         }
-        store_url = store or f"sqlite://{workdir}/leader.db"
+        store_url = store or f"sqlite:///{workdir}/leader.db"
         lease_store = open_store(store_url, timeout=1.0)
         runs_file = workdir / "runs.jsonl"
         procs = _Processes(env, workdir)

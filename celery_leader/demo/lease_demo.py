@@ -41,7 +41,7 @@ def _store_url(store: str | None) -> Iterator[str]:
         yield store
         return
     with tempfile.TemporaryDirectory(prefix="celery-leader-demo-") as tmp:
-        yield f"sqlite://{tmp}/leader.db"
+        yield f"sqlite:///{tmp}/leader.db"
 
 
 def run_lease_demo(

@@ -1,4 +1,4 @@
-"""SQLite lease store (``sqlite:///absolute/path.db``): one host only.
+"""SQLite lease store (``sqlite:////absolute/path.db``, ``sqlite:///relative.db``): one host.
 
 Safety statement
 ----------------
@@ -76,11 +76,11 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from celery_leader import clock as lease_clock
-from celery_leader.exceptions import ConfigurationError, StoreError
+from celery_leader.exceptions import StoreError
 from celery_leader.stores.base import AcquireResult, Capability, Holder, LeaseRecord, Watch
+from celery_leader.stores.sqlite_url import sqlite_path
 
 logger = logging.getLogger(__name__)
 
@@ -166,19 +166,11 @@ class SQLiteLeaseStore:
     def from_url(
         cls, url: str, *, timeout: float, options: Mapping[str, Any] | None = None
     ) -> SQLiteLeaseStore:
-        """Open (and create when missing) the database named by *url*."""
-        path = urlsplit(url).path
-        if not path or path == "/":
-            raise ConfigurationError(
-                f"leader_backend_url={url!r} is not allowed: a SQLite store needs an "
-                "absolute file path, as in sqlite:///var/lib/app/leader.db"
-            )
-        if not Path(path).parent.is_dir():
-            raise ConfigurationError(
-                f"leader_backend_url={url!r} is not allowed: the directory "
-                f"{str(Path(path).parent)!r} does not exist"
-            )
-        return cls(Path(path), url, timeout)
+        """Open (and create when missing) the database named by *url* (see sqlite_url)."""
+        path = sqlite_path(url)
+        # Said at every start: a relative URL depends on the working directory.
+        logger.info("celery-leader: SQLite lease store file %s", path)
+        return cls(path, url, timeout)
 
     @property
     def _conn(self) -> sqlite3.Connection:

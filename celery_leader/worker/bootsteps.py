@@ -26,13 +26,12 @@ import logging
 from typing import Any
 from urllib.parse import urlsplit
 
-import click
 from celery import bootsteps
-from celery.exceptions import ImproperlyConfigured
 
 from celery_leader.exceptions import ConfigurationError
 from celery_leader.run_table import RUN_SLOTS
 from celery_leader.settings import LeaderSettings, settings_for_app
+from celery_leader.startup_error import StartupConfigurationError
 from celery_leader.stores import open_store
 from celery_leader.stores.registry import TEST_ONLY_SCHEMES
 from celery_leader.tasks import ensure_router, resolve_leader_tasks
@@ -43,18 +42,8 @@ from celery_leader.worker.coordinator import Coordinator, current_coordinator
 logger = logging.getLogger(__name__)
 
 
-class WorkerConfigurationError(ImproperlyConfigured, click.ClickException):  # type: ignore[misc]
-    """A bad ``leader_*`` setting found at worker start.
-
-    It is Celery's ``ImproperlyConfigured`` for code that embeds a worker, and
-    a click exception for ``celery worker``, which then prints the one line
-    ``Error: celery-leader: <key>=<value> is not allowed: ...`` and exits 1,
-    instead of a traceback.
-    """
-
-    def __init__(self, message: str) -> None:
-        ImproperlyConfigured.__init__(self, message)
-        click.ClickException.__init__(self, message)
+#: The worker's name for the start-up error (``celery beat`` raises the same class).
+WorkerConfigurationError = StartupConfigurationError
 
 
 ERR_MEMORY_STORE = (

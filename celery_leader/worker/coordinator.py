@@ -54,6 +54,7 @@ from celery_leader.term_end import (
     process_ended,
 )
 from celery_leader.worker.dispatch import SerialDispatcher
+from celery_leader.worker.eta import held_for_eta
 from celery_leader.worker.redis_wakeup import wake_redis_consumer
 
 logger = logging.getLogger(__name__)
@@ -386,12 +387,14 @@ class Coordinator:
         """Stop consuming; hand back leader messages that never reached the pool. Loop thread."""
         self.sync_consumption()
         consumer = self.consumer
+        held = held_for_eta(consumer)
+        eta_entries = {id(item.request): item.entry for item in held}
         waiting = [
-            *_snapshot(getattr(worker_state, "scheduled_requests", ())),
+            *(item.request for item in held),
             *_snapshot(worker_state.reserved_requests),
         ]
         for request in never_dispatched(waiting):
-            entry = getattr(request, "_eta_timer_entry", None)
+            entry = eta_entries.get(id(request))
             if entry is not None and consumer is not None and consumer.timer is not None:
                 consumer.timer.cancel(entry)
                 consumer.qos.decrement_eventually()

@@ -50,6 +50,7 @@ def test_three_beats_send_each_slot_once(beat_cluster):
     assert status["beat"]["nodename"].startswith("beat-")
 
 
+@pytest.mark.compat
 @pytest.mark.slow
 def test_sigkill_sending_beat_fails_over_without_double_sends(beat_cluster):
     """SIGKILL the sending beat: another sends within ttl + 2 s; no slot sent twice."""

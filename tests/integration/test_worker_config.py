@@ -64,6 +64,49 @@ def test_bad_settings_stop_the_worker_with_one_clear_line(cluster_for, env, frag
         assert "memory://" not in errors[0], "the hint does not offer the test-only store"
 
 
+@pytest.mark.parametrize(
+    ("env", "fragments"),
+    [
+        ({"LEADER_TTL": "0"}, ["leader_lease_ttl=0 is not allowed", "> 0"]),
+        ({"LEADER_BEAT_MISSED": "twice"}, ["leader_beat_missed_default='twice'", "once, skip"]),
+        (
+            {"LEADER_BEAT_WRAPPED": "no.such:Scheduler"},
+            ["leader_beat_scheduler='no.such:Scheduler' cannot be loaded"],
+        ),
+    ],
+)
+def test_bad_settings_stop_beat_with_one_clear_line(cluster_for, tmp_path, env, fragments):
+    """celery beat with a bad setting exits at start with one line, as the worker does."""
+    cluster = cluster_for("redis")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.integration.leaderapp",
+            "beat",
+            "-l",
+            "info",
+            "-s",
+            str(tmp_path / "schedule"),
+        ],
+        cwd=ROOT,
+        env={**cluster.env, "LEADER_BEAT_EVERY": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "Traceback" not in output, output[-3000:]
+    errors = [line for line in output.splitlines() if line.startswith("Error: celery-leader:")]
+    assert len(errors) == 1, output[-2000:]
+    for fragment in fragments:
+        assert fragment in errors[0]
+
+
 def leader_errors(worker):
     return [
         line for line in worker.text().splitlines() if "ERROR" in line and "celery-leader" in line
@@ -146,6 +189,7 @@ def test_lost_signal_carries_the_reason(cluster_for):
     assert lost and lost[0]["reason"] == "store-unreachable"
 
 
+@pytest.mark.compat
 def test_eta_leader_message_is_handed_back_on_step_down(cluster_for):
     """A leader message waiting for its ETA goes back to the broker and runs on the next leader."""
     cluster = cluster_for("redis")

@@ -17,6 +17,7 @@ def runs(rows, kind="start"):
     ("broker", "pool"),
     [("redis", "prefork"), ("redis", "threads"), ("redis", "solo"), ("rabbitmq", "prefork")],
 )
+@pytest.mark.compat
 def test_three_workers_one_leader_runs_all_leader_tasks(cluster_for, broker, pool):
     """3 workers: only the leader consumes its queue; 200 leader tasks run there, once each."""
     cluster = cluster_for(broker)
@@ -75,6 +76,7 @@ class Stream:
         return self.sent
 
 
+@pytest.mark.compat
 @pytest.mark.slow
 def test_sigkill_leader_under_stream_fails_over_without_loss(cluster_for, broker):
     """SIGKILL the leader mid-stream: another leads within ttl + 5 s, tokens rise, nothing lost."""
@@ -156,6 +158,7 @@ def test_sigstop_leader_past_ttl_then_resume(cluster_for):
     assert "killing" in old.text()
 
 
+@pytest.mark.compat
 @pytest.mark.slow
 def test_lease_lost_terminate_kills_and_run_repeats(cluster_for):
     """Store paused under a long terminate-policy run: it is killed before expiry, then re-run."""
@@ -182,6 +185,7 @@ def test_lease_lost_terminate_kills_and_run_repeats(cluster_for):
     assert not [x for x in rows if x["kind"] == "end" and x["token"] == first_token]
 
 
+@pytest.mark.compat
 @pytest.mark.slow
 def test_lease_lost_cancel_is_seen_in_time(cluster_for):
     """threads pool, on_loss=cancel: lease_lost() turns true within renew_interval + 1 s."""
@@ -227,6 +231,7 @@ def test_warm_shutdown_hands_over_quickly(cluster_for):
     assert "released election" in old.text()
 
 
+@pytest.mark.compat
 def test_follower_reroutes_a_leader_message_sent_to_it(cluster_for):
     """A leader task sent to a queue only a follower consumes is re-routed, run on the leader."""
     cluster = cluster_for("redis")
@@ -241,6 +246,7 @@ def test_follower_reroutes_a_leader_message_sent_to_it(cluster_for):
     assert "re-routed" in follower.text()
 
 
+@pytest.mark.compat
 def test_step_down_hands_over_without_loss(cluster_for):
     """`celery leader step-down`: another worker runs leader tasks within 2 s; none lost."""
 

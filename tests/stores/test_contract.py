@@ -178,7 +178,7 @@ def test_many_processes_opening_a_new_sqlite_store_at_once(tmp_path):
     import subprocess
     import sys
 
-    url = f"sqlite://{tmp_path}/race.db"
+    url = f"sqlite:///{tmp_path}/race.db"
     code = (
         "import sys, time\n"
         "from celery_leader.stores import open_store\n"

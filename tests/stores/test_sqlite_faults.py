@@ -94,7 +94,7 @@ def groups():
 
 
 def url_of(path: Path) -> str:
-    return f"sqlite://{path}"
+    return f"sqlite:///{path}"
 
 
 def remove_database(path: Path) -> None:
