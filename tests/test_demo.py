@@ -60,3 +60,44 @@ def test_lease_only_demo_runs_without_celery():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "failover took" in proc.stdout
     assert "tokens increased: True" in proc.stdout
+
+
+@pytest.mark.slow
+def test_demo_without_a_leader_shows_the_worker_logs_and_keeps_them():
+    """A broker nobody answers: the demo shows each log's tail, keeps the logs, exits 1."""
+    from tests.servers import free_port
+
+    before = demo_processes()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "celery_leader",
+            "demo",
+            "--quick",
+            "--ttl",
+            "1",
+            "--broker",
+            f"redis://127.0.0.1:{free_port()}/0",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "Traceback" not in out and "KeyError" not in out, out[-3000:]
+    assert "no leader appeared" in out
+    assert "--- node1.log (last " in out
+    kept = re.search(r"the full logs are kept in (\S+)", out)
+    assert kept, out[-3000:]
+    logs = Path(kept.group(1))
+    try:
+        assert (logs / "node1.log").read_text(), "the kept log has the worker's output"
+    finally:
+        for log in logs.glob("*.log"):
+            log.unlink()
+        logs.rmdir()
+    assert demo_processes() == before

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,6 +95,27 @@ class _Processes:
 def _workdir() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="celery-leader-demo-") as tmp:
         yield Path(tmp)
+
+
+#: How many lines of each process's log the demo shows when no leader appears.
+LOG_TAIL_LINES = 20
+
+
+def _explain_no_leader(
+    workdir: Path, procs: _Processes, say: Callable[[str], None], out: Callable[[str], None]
+) -> None:
+    """No leader appeared: show why (each log's tail) and keep the logs for a closer look."""
+    kept = Path(tempfile.mkdtemp(prefix="celery-leader-demo-logs-"))
+    say("no leader appeared; the end of each process's log follows")
+    for name in procs.procs:
+        log = workdir / f"{name}.log"
+        if not log.exists():
+            continue
+        shutil.copy(log, kept / log.name)
+        lines = log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        out(f"--- {name}.log (last {len(lines)} lines)")
+        out("\n".join(lines) if lines else "(empty)")
+    out(f"--- the full logs are kept in {kept}")
 
 
 def _runs(path: Path) -> list[dict[str, Any]]:
@@ -201,6 +223,13 @@ def run_celery_demo(
             watch_until(lambda rows: None, lead_for) if lead_for > 0 else None
         except TimeoutError:
             pass
+        if not result.first_leader:
+            _explain_no_leader(workdir, procs, say, out)
+            result.runs = Counter()
+            procs.stop_all()
+            lease_store.close()
+            out(summary(result, ttl))
+            return result
         try:
             say(f"SIGKILL {result.first_leader}: its lease must run out before anyone else leads")
             killed_at = time.monotonic()
