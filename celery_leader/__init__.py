@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from celery_leader import beat_unled as _beat_unled  # noqa: F401 - connects a beat_init warning
 from celery_leader import signals
 from celery_leader.exceptions import (
     ConfigurationError,

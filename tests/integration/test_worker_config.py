@@ -107,6 +107,48 @@ def test_bad_settings_stop_beat_with_one_clear_line(cluster_for, tmp_path, env, 
         assert fragment in errors[0]
 
 
+@pytest.mark.parametrize(
+    ("scheduler", "warned"),
+    [("celery.beat:PersistentScheduler", True), ("leader", False)],
+)
+def test_beat_not_under_the_leader_scheduler_warns(cluster_for, tmp_path, scheduler, warned):
+    """celery beat -S <another scheduler> with leader settings logs that it is not led."""
+    cluster = cluster_for("redis")
+    beat = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.integration.leaderapp",
+            "beat",
+            "-l",
+            "info",
+            "-S",
+            scheduler,
+            "-s",
+            str(tmp_path / "schedule"),
+        ],
+        cwd=ROOT,
+        env={**cluster.env, "LEADER_BEAT_EVERY": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        time.sleep(6)
+    finally:
+        beat.send_signal(signal.SIGTERM)
+        output, _ = beat.communicate(timeout=30)
+    assert "beat: Starting..." in output, output[-2000:]
+    warnings = [line for line in output.splitlines() if "not celery_leader.beat" in line]
+    if warned:
+        assert len(warnings) == 1, output[-2000:]
+        assert "PersistentScheduler" in warnings[0] and "-S leader" in warnings[0]
+    else:
+        assert warnings == [], output[-2000:]
+
+
 def leader_errors(worker):
     return [
         line for line in worker.text().splitlines() if "ERROR" in line and "celery-leader" in line
