@@ -16,19 +16,25 @@ Standbys, and what keeps them in step (``leader_beat_standby``):
 * ``"reserve"`` (schedulers with local state, such as PersistentScheduler):
   standbys tick as usual and advance each due entry without sending, so a new
   leader neither bursts nor starts from a stale schedule.
-* ``"idle"`` (schedulers with shared state: RedBeat, DatabaseScheduler):
-  standbys do not tick at all; the leader advances the shared state. RedBeat's
-  own lock is switched off: the lease replaces it.
-* ``"auto"`` (default): ``"idle"`` for ``redbeat`` and ``django_celery_beat``
-  schedulers, ``"reserve"`` otherwise.
+* ``"idle"`` (any scheduler; the only mode for schedulers with shared state,
+  RedBeat and django-celery-beat's DatabaseScheduler): standbys do not tick at
+  all; the leader advances the state. RedBeat's own lock is switched off: the
+  lease replaces it. ``"reserve"`` with a shared-state scheduler is refused at
+  start: its standbys would advance the shared schedule without sending.
+* ``"auto"`` (default): ``"idle"`` for shared-state schedulers, ``"reserve"``
+  otherwise.
 
-Around a failover (``"reserve"`` mode) the time of each entry's last send is
-shared through the lease store. The lease holder writes it with its token
-*after* the publish succeeded, and only while it still holds the lease. A new
-leader does not send an entry whose last send (by anyone) already covers the
-current slot. On taking over, it applies the missed policy to an entry whose
-slot passed unmarked: ``leader_beat_missed`` (a dict of entry name to
-``"once"`` or ``"skip"``) with ``leader_beat_missed_default`` (``"once"``).
+Around a failover the time of each entry's last send is shared through the
+lease store. The lease holder writes it with its token *after* the publish
+succeeded, and only while it still holds the lease. On taking over, a new
+leader counts each entry from the previous leaders' last send (the later of
+that mark and the scheduler's own shared record, see
+:mod:`celery_leader.beat_state`), so it neither sends early nor skips; a slot
+that passed while nobody led is sent once or skipped by the missed policy:
+``leader_beat_missed`` (a dict of entry name to ``"once"`` or ``"skip"``) with
+``leader_beat_missed_default`` (``"once"``). It never sends an entry whose
+last send (by anyone) already covers the current slot. RedBeat writes its own
+last runs to Redis before each publish and needs none of this.
 
 What each policy guarantees. A publish and its mark are two writes to two
 systems, so a window of milliseconds between them cannot be closed. An old
@@ -58,6 +64,7 @@ from typing import Any
 
 from celery.utils.imports import load_extension_class_names, symbol_by_name
 
+from celery_leader.beat_state import ScheduleState, state_of
 from celery_leader.exceptions import ConfigurationError, StoreError
 from celery_leader.lease import LeaseManager
 from celery_leader.settings import (
@@ -74,8 +81,6 @@ from celery_leader.stores.base import Holder
 logger = logging.getLogger(__name__)
 
 TOKEN_HEADER = "leader_beat_token"  # noqa: S105 - a header name, not a secret
-#: Schedulers whose state is shared between instances (standbys must not tick).
-SHARED_STATE_MODULES = ("redbeat", "django_celery_beat")
 #: The longest the leader sleeps between ticks (beat's loop sleeps uninterruptibly).
 MAX_TICK = 0.5
 #: The longest a standby sleeps between ticks: it sees its election at the next
@@ -222,11 +227,9 @@ def _slot_already_sent(entry: Any, mark: dict[str, Any] | None) -> bool:
     return bool(remaining > SLOT_TOLERANCE * (remaining + elapsed))
 
 
-def _slot_missed(entry: Any, mark: dict[str, Any] | None) -> bool:
-    """True when at least one slot passed since the last send."""
-    if not mark:
-        return False
-    last = datetime.fromtimestamp(float(mark["at"]), tz=timezone.utc)
+def _slot_missed(entry: Any, last_sent: float) -> bool:
+    """True when at least one slot passed since the last send (unix time *last_sent*)."""
+    last = datetime.fromtimestamp(last_sent, tz=timezone.utc)
     return bool(entry.schedule.remaining_estimate(last).total_seconds() <= 0)
 
 
@@ -246,7 +249,9 @@ class LeaderSchedulerMixin:
             self._leader_beat: BeatSettings = beat_settings(app.conf)
         except ConfigurationError as exc:
             raise StartupConfigurationError(f"celery-leader: {exc}") from None
-        self._leader_mode = _standby_mode(self._leader_beat, type(self).__mro__[2])
+        wrapped = type(self).__mro__[2]
+        self._leader_state: ScheduleState = state_of(wrapped)
+        self._leader_mode = _standby_mode(app.conf, self._leader_beat, wrapped, self._leader_state)
         super().__init__(app, *args, **kwargs)  # type: ignore[call-arg]
         if getattr(self, "lock_key", None):
             logger.info("celery-leader beat: RedBeat's lock is off; the beat lease replaces it")
@@ -295,36 +300,52 @@ class LeaderSchedulerMixin:
         return float(min(interval, cap)) if interval else float(interval or 0)
 
     def _on_elected(self, token: int) -> None:
+        """Count every entry from the previous leaders' last send, by the missed policy.
+
+        A slot that passed while nobody led is then due: the next tick sends
+        it once (the scheduler's own checks, such as a one-off entry already
+        run, still apply), or, under ``"skip"``, the entry counts from now.
+        """
         logger.info("celery-leader beat: this beat sends now (token %d)", token)
         election = self._election()
         election.refresh_marks()
-        if self._leader_mode != "reserve":
-            return  # shared-state schedulers catch up by themselves
+        state = self._leader_state
+        state.reload(self)
+        if not state.uses_marks:
+            return  # the scheduler's shared state already holds every leader's sends
         for entry in list(self.schedule.values()):  # type: ignore[attr-defined]
-            mark = election.marks.get(entry.name)
-            if mark is None:
-                continue  # never sent by anyone: the local schedule stands
-            if not _slot_missed(entry, mark):
-                # Carry on from the previous leader's last send, not from this
-                # standby's own slots (which may lie almost a period later).
-                self._reanchor(entry, float(mark["at"]))
-            elif self._leader_beat.missed_policy(entry.name) == "once":
+            last_sent = self._last_sent(entry)
+            if last_sent is None:
+                continue  # never sent under a lease: the scheduler's own record stands
+            if _slot_missed(entry, last_sent):
+                if self._leader_beat.missed_policy(entry.name) == "skip":
+                    logger.info("celery-leader beat: %s missed a slot; skipped", entry.name)
+                    if self._leader_mode != "reserve":  # a reserving standby already moved on
+                        state.anchor(self, entry, time.time())
+                    continue
                 logger.info("celery-leader beat: %s missed a slot; sending it once", entry.name)
-                self.apply_entry(entry, producer=self.producer)  # type: ignore[attr-defined]
-                self._reanchor(entry, time.time())
+            # Carry on from the last send, not from this beat's own record of
+            # the entry (a standby's, which may lie almost a period later, or a
+            # database's, which may be minutes old).
+            state.anchor(self, entry, last_sent)
 
-    def _reanchor(self, entry: Any, sent_at: float) -> None:
-        """Count the schedule of *entry* from a send at *sent_at* (by us or the old leader).
-
-        Without it the local schedule keeps its own slots: a slot a moment
-        after that send would be skipped as "already sent" and the entry
-        would wait almost two periods.
-        """
-        when = datetime.fromtimestamp(sent_at, tz=timezone.utc)
-        schedule = self.schedule  # type: ignore[attr-defined]
-        current = schedule.get(entry.name, entry)
-        schedule[entry.name] = current._next_instance(last_run_at=when)
-        self._heap = None  # Celery rebuilds its heap from the schedule on the next tick
+    def _last_sent(self, entry: Any) -> float | None:
+        """When *entry* was last sent by any leader (unix time), or None if never under a lease."""
+        mark = self._election().marks.get(entry.name)
+        if mark is None:
+            return None
+        last_sent = float(mark["at"])
+        try:
+            shared = self._leader_state.last_run(self, entry)
+        except Exception as exc:  # noqa: BLE001 - a database hiccup must not stop beat
+            logger.warning(
+                "celery-leader beat: could not read %s's last run (%s); counting from the "
+                "lease store's record",
+                entry.name,
+                exc,
+            )
+            shared = None
+        return last_sent if shared is None else max(last_sent, shared)
 
     def apply_entry(self, entry: Any, producer: Any = None) -> None:
         """Send when leading and the slot is not sent yet; a standby only keeps in step."""
@@ -333,14 +354,14 @@ class LeaderSchedulerMixin:
             logger.debug("celery-leader beat: standby, not sending %s", entry.name)
             return
         mark = election.marks.get(entry.name)
-        if self._leader_mode == "reserve" and _slot_already_sent(entry, mark):
+        if self._leader_state.uses_marks and _slot_already_sent(entry, mark):
             assert mark is not None
             logger.info(
                 "celery-leader beat: %s was sent for this slot by the previous leader; "
                 "its schedule now counts from that send",
                 entry.name,
             )
-            self._reanchor(entry, float(mark["at"]))
+            self._leader_state.anchor(self, entry, float(mark["at"]))
             return
         super().apply_entry(entry, producer=producer)  # type: ignore[misc]
 
@@ -383,11 +404,18 @@ def _shallow_copy(entry: Any) -> Any:
     return clone
 
 
-def _standby_mode(beat: BeatSettings, wrapped: type) -> str:
+def _standby_mode(conf: Any, beat: BeatSettings, wrapped: type, state: ScheduleState) -> str:
+    """The standby mode to run: ``auto`` resolved; ``reserve`` refused for shared state."""
     mode = beat.standby
-    if mode != "auto":
-        return str(mode)
-    return "idle" if wrapped.__module__.startswith(SHARED_STATE_MODULES) else "reserve"
+    if mode == "auto":
+        return "idle" if state.shared else "reserve"
+    if mode == "reserve" and state.shared:
+        raise StartupConfigurationError(
+            f"celery-leader: {spelled(conf, 'leader_beat_standby')}='reserve' is not allowed "
+            f"with {wrapped.__module__}:{wrapped.__qualname__}: its schedule is shared, and a "
+            "standby that ticks would advance it without sending; use auto or idle"
+        )
+    return str(mode)
 
 
 def _exit_cleanly_on_sigterm() -> None:

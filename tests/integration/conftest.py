@@ -107,7 +107,9 @@ class Worker:
 class Beat(Worker):
     """One ``celery beat`` process of tests.integration.leaderapp."""
 
-    def __init__(self, env: dict[str, str], name: str, logdir: Path, extra: list[str]) -> None:
+    def __init__(
+        self, env: dict[str, str], name: str, logdir: Path, extra: list[str], app: str = TASKS
+    ) -> None:
         self.nodename = name
         self.log = logdir / f"{name}.log"
         args = [
@@ -115,7 +117,7 @@ class Beat(Worker):
             "-m",
             "celery",
             "-A",
-            "tests.integration.leaderapp",
+            app,
             "beat",
             "-s",
             str(logdir / f"{name}-schedule"),
@@ -182,10 +184,10 @@ class Cluster:
                 worker.wait_ready()
         return started
 
-    def start_beat(self, extra: list[str] | None = None) -> Beat:
-        """Start a ``celery beat`` process with its own schedule file."""
+    def start_beat(self, extra: list[str] | None = None, app: str = TASKS) -> Beat:
+        """Start a ``celery beat`` process of *app* with its own schedule file."""
         index = len(self.beats) + 1
-        beat = Beat(self.env, f"beat{index}", self.tmp, extra or [])
+        beat = Beat(self.env, f"beat{index}", self.tmp, extra or [], app)
         self.beats.append(beat)
         return beat
 

@@ -1,0 +1,1 @@
+"""A small Django project running django-celery-beat under celery-leader, for the beat tests."""
