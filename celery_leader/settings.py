@@ -7,7 +7,9 @@ setting, the value given and what is allowed.
 
 from __future__ import annotations
 
+import difflib
 import functools
+import logging
 import math
 import os
 import re
@@ -25,6 +27,33 @@ _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 _KEY = re.compile(r"\bleader_[a-z_]+")
+
+logger = logging.getLogger(__name__)
+
+#: Every ``leader_*`` key celery-leader reads (README, "Settings").
+KNOWN_KEYS = frozenset(
+    {
+        "leader_backend_url",
+        "leader_name",
+        "leader_lease_ttl",
+        "leader_renew_interval",
+        "leader_queue",
+        "leader_lease_margin",
+        "leader_store_timeout",
+        "leader_stop_grace",
+        "leader_tasks",
+        "leader_beat_scheduler",
+        "leader_beat_standby",
+        "leader_beat_missed_default",
+        "leader_beat_missed",
+        "leader_azure_connection_string",
+        "leader_azure_account_url",
+        "leader_azure_watch_interval",
+        "leader_metrics",
+        "leader_metrics_port",
+        "leader_metrics_address",
+    }
+)
 
 
 def spelled(conf: Mapping[str, Any], key: str) -> str:
@@ -318,6 +347,7 @@ def load_settings(
         )
         if conf.get(key)
     }
+    _check_azure(conf)
     interval = _number(conf, "leader_azure_watch_interval", None)
     if interval is not None and interval <= 0:
         raise ConfigurationError(
@@ -335,6 +365,8 @@ def load_settings(
             f"leader_stop_grace={stop_grace:g} is not allowed: it must be a number of seconds >= 0"
         )
     leader_task_patterns(conf)
+    beat_settings(conf)  # a worker may run beat (-B): its settings are checked at start too
+    _warn_unknown_keys(conf)
     return LeaderSettings(
         backend_url=url,
         name=name,
@@ -344,6 +376,42 @@ def load_settings(
         stop_grace=stop_grace,
         metrics=metrics_settings(conf),
     )
+
+
+def _check_azure(conf: Mapping[str, Any]) -> None:
+    """``leader_azure_connection_string`` and ``leader_azure_account_url`` are strings.
+
+    The connection string is never echoed: it holds the account key.
+    """
+    secret = conf.get("leader_azure_connection_string")
+    if secret is not None and not isinstance(secret, str):
+        raise ConfigurationError(
+            f"leader_azure_connection_string ({type(secret).__name__}) is not allowed: it must "
+            "be an Azure Storage connection string"
+        )
+    url = conf.get("leader_azure_account_url")
+    if url is None or url == "":
+        return
+    if not isinstance(url, str) or urlsplit(url).scheme not in ("https", "http"):
+        raise ConfigurationError(
+            f"leader_azure_account_url={mask_url(str(url))!r} is not allowed: it must be the "
+            "account's blob endpoint, https://<account>.blob.core.windows.net"
+        )
+
+
+def _warn_unknown_keys(conf: Mapping[str, Any]) -> None:
+    """Log one warning per ``leader_*`` key celery-leader does not read (a typo keeps a default)."""
+    prefix = str(getattr(conf, "prefix", None) or "").lower()
+    for given in sorted(_own_keys(conf), key=str):
+        key = str(given).lower()
+        if prefix and key.startswith(prefix):
+            key = key[len(prefix) :]
+        if not key.startswith("leader_") or key in KNOWN_KEYS:
+            continue
+        close = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
+        meant = f"{prefix}{close[0]}".upper() if close and prefix else (close or [""])[0]
+        hint = f"; did you mean {meant}?" if meant else ""
+        logger.warning("celery-leader: %s is not a celery-leader setting%s", given, hint)
 
 
 def settings_for_app(app: Any, *, name_suffix: str = "") -> LeaderSettings:

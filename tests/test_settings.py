@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from celery_leader.exceptions import ConfigurationError
@@ -137,9 +139,64 @@ def test_namespaced_settings_are_read():
         ("leader_backend_url", 5, "leader_backend_url=int is not allowed"),
         ("leader_azure_watch_interval", 0, "leader_azure_watch_interval=0 is not allowed"),
         ("leader_azure_watch_interval", "x", "leader_azure_watch_interval='x' is not allowed"),
+        # Beat's settings are checked at worker start too: a worker may run beat (-B).
+        ("leader_beat_standby", "sometimes", "leader_beat_standby='sometimes' is not allowed"),
+        ("leader_beat_missed_default", "twice", "leader_beat_missed_default='twice'"),
+        ("leader_beat_missed", {"tick": "twice"}, "leader_beat_missed['tick']='twice'"),
+        ("leader_beat_missed", ["tick"], "leader_beat_missed=['tick'] is not allowed"),
+        ("leader_beat_scheduler", 5, "leader_beat_scheduler=5 is not allowed"),
+        ("leader_azure_account_url", "myaccount", "leader_azure_account_url='myaccount'"),
+        ("leader_azure_connection_string", 5, "leader_azure_connection_string (int)"),
+        ("leader_tasks", 5, "leader_tasks=5 is not allowed"),
+        ("leader_tasks", ["ok.*", ""], "leader_tasks=['ok.*', ''] is not allowed"),
+        ("leader_metrics_port", 70000, "leader_metrics_port=70000 is not allowed"),
+        ("leader_metrics_address", 5, "leader_metrics_address=5 is not allowed"),
+        ("leader_stop_grace", -1, "leader_stop_grace=-1 is not allowed"),
     ],
 )
 def test_values_of_the_wrong_type_are_refused(key, value, fragment):
     """Each key refuses a value of the wrong type with one line naming key and value."""
-    with pytest.raises(ConfigurationError, match="^" + fragment.replace("(", r"\(")):
+    with pytest.raises(ConfigurationError, match="^" + re.escape(fragment)):
         load_settings(conf(**{key: value}), "proj")
+
+
+def test_a_misspelled_key_is_named_with_the_likely_one(caplog):
+    """A typo keeps a default silently; start-up says which key was probably meant."""
+    with caplog.at_level("WARNING", logger="celery_leader.settings"):
+        load_settings(conf(leader_lease_tll=3, leader_lease_ttl=4), "proj")
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        "celery-leader: leader_lease_tll is not a celery-leader setting; "
+        "did you mean leader_lease_ttl?"
+    )
+
+
+def test_a_misspelled_key_under_a_namespace_is_named_as_written(caplog):
+    """Under Django's namespace the warning names CELERY_LEADER_* keys."""
+    from celery import Celery
+
+    from celery_leader.settings import settings_for_app
+
+    app = Celery("proj")
+    app.config_from_object(_DjangoStyleSettings, namespace="CELERY")
+    app.conf.CELERY_LEADER_LEASE_TTL = 7
+    app.conf.CELERY_LEADER_RENEW_INTERVALL = 2
+    with caplog.at_level("WARNING", logger="celery_leader.settings"):
+        settings_for_app(app)
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == [
+        "celery-leader: CELERY_LEADER_RENEW_INTERVALL is not a celery-leader setting; "
+        "did you mean CELERY_LEADER_RENEW_INTERVAL?"
+    ]
+
+
+def test_every_documented_key_is_known():
+    """The README's settings table and the keys the code reads are the same set."""
+    from pathlib import Path
+
+    from celery_leader.settings import KNOWN_KEYS
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme[readme.index("## Settings") : readme.index("## Django")]
+    documented = set(re.findall(r"^\| `(leader_[a-z_]+)` \|", table, flags=re.MULTILINE))
+    assert documented == set(KNOWN_KEYS)
