@@ -317,6 +317,7 @@ class LeaderSchedulerMixin:
             last_sent = self._last_sent(entry)
             if last_sent is None:
                 continue  # never sent under a lease: the scheduler's own record stands
+            state.note_sent(self, entry, last_sent)
             if _slot_missed(entry, last_sent):
                 if self._leader_beat.missed_policy(entry.name) == "skip":
                     logger.info("celery-leader beat: %s missed a slot; skipped", entry.name)

@@ -44,6 +44,9 @@ class ScheduleState:
         """The entry's last run (unix time) as shared storage records it, or None."""
         return None
 
+    def note_sent(self, scheduler: Any, entry: Any, sent_at: float) -> None:
+        """Record that a leader sent *entry* at *sent_at*, where the scheduler counts runs."""
+
     def anchor(self, scheduler: Any, entry: Any, sent_at: float) -> None:
         """Count *entry*'s schedule from a send at *sent_at* (unix time)."""
         when = dt.datetime.fromtimestamp(sent_at, tz=dt.timezone.utc)
@@ -88,6 +91,25 @@ class DjangoDatabaseState(ScheduleState):
         if stored.tzinfo is None:  # django-celery-beat reads naive times as UTC
             stored = stored.replace(tzinfo=dt.timezone.utc)
         return float(stored.timestamp())
+
+    def note_sent(self, scheduler: Any, entry: Any, sent_at: float) -> None:
+        """A one-off entry that a leader sent has run, though the table may not say so yet.
+
+        Its run count is saved with ``last_run_at`` (minutes later), and a
+        clocked schedule is due again whatever the last run: without this a
+        new leader would send a one-off task a second time. A one-off entry
+        changed after that send (re-enabled in the admin) is left alone.
+        """
+        current = scheduler.schedule.get(entry.name, entry)
+        model = current.model
+        changed = model.date_changed
+        if not model.one_off or model.total_run_count:
+            return
+        if changed is not None and changed.timestamp() > sent_at:
+            return
+        model.total_run_count = 1
+        current.total_run_count = 1
+        scheduler._dirty.add(entry.name)
 
     def anchor(self, scheduler: Any, entry: Any, sent_at: float) -> None:
         """Set the entry's ``last_run_at`` to *sent_at*; the scheduler's next sync saves it."""

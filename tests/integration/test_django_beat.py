@@ -24,9 +24,16 @@ EVERY = 6
 TTL = 2.0
 
 
+#: When the one-off entry is due, seconds after the database is set up.
+ONE_OFF_IN = 10
+
+
 @pytest.fixture
-def django_cluster(cluster_for, tmp_path):
-    """A worker that records beat's sends, and a Django database with one interval entry."""
+def django_cluster(cluster_for, tmp_path, request):
+    """A worker that records beat's sends, and a Django database with an interval entry.
+
+    Tests marked ``one_off`` get a one-off entry due ``ONE_OFF_IN`` seconds later too.
+    """
     cluster = cluster_for("redis")
     cluster.env.update(
         {
@@ -35,6 +42,8 @@ def django_cluster(cluster_for, tmp_path):
             "LEADER_TTL": str(TTL),
         }
     )
+    if request.node.get_closest_marker("one_off"):
+        cluster.env["LEADER_DJANGO_ONE_OFF_IN"] = str(ONE_OFF_IN)
     subprocess.run(
         [sys.executable, "-m", "tests.integration.djangobeat.setup_db"],
         cwd=ROOT,
@@ -123,3 +132,29 @@ def test_reserve_mode_is_refused_with_one_line(django_cluster):
     assert len(errors) == 1, text[-3000:]
     assert errors[0].startswith("Error: celery-leader: CELERY_LEADER_BEAT_STANDBY='reserve'")
     assert "auto" in errors[0] and "idle" in errors[0]
+
+
+@pytest.mark.one_off
+def test_one_off_entry_is_not_sent_again_after_a_failover(django_cluster):
+    """A one-off (clocked) entry sent just before the leader's SIGKILL is not sent again.
+
+    The table counts its run only at the next sync, minutes later, and a
+    clocked schedule is due again whatever its last run.
+    """
+    cluster = django_cluster
+    beats = [cluster.start_beat(app=DJANGO_APP) for _ in range(2)]
+    deadline = time.monotonic() + ONE_OFF_IN + 20
+    while time.monotonic() < deadline:
+        once = [s for s in cluster.beat_sends() if s["entry"] == "once"]
+        if once:
+            break
+        time.sleep(0.05)
+    assert once, f"the one-off entry was sent: {cluster.beat_sends()}"
+    time.sleep(max(0.0, once[0]["at"] + 1.0 - time.monotonic()))
+    old = sender(cluster, beats, once[0]["token"])
+    old.signal(signal.SIGKILL)
+    wait_sending(cluster, beats, timeout=TTL + 10, exclude=old)
+    # The new leader has ticked over its whole schedule, the one-off included.
+    wait_send_after(cluster, time.monotonic(), timeout=EVERY + 5)
+    once = [s for s in cluster.beat_sends() if s["entry"] == "once"]
+    assert len(once) == 1, f"the one-off entry was sent {len(once)} times: {once}"

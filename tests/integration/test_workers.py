@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 
@@ -40,6 +41,14 @@ def test_three_workers_one_leader_runs_all_leader_tasks(cluster_for, broker, poo
     assert code == 0
     assert status["leader"]["nodename"] == leader.nodename
     assert status["leader"]["token"] == starts[0]["token"]
+    # Each worker's own view, over remote control (exit 2 on Celery 5.3 once).
+    proc = cluster.celery("inspect", "leader", "--json", "--timeout", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    views = json.loads(proc.stdout)
+    assert {node: view["role"] for node, view in views.items()} == {
+        w.nodename: "leader" if w is leader else "follower" for w in cluster.workers
+    }
+    assert views[leader.nodename]["token"] == starts[0]["token"]
 
 
 def stale_starts(rows):

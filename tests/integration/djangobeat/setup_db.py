@@ -2,11 +2,14 @@
 
 ``python -m tests.integration.djangobeat.setup_db``; the entry runs
 ``leaderapp.beat_tick`` every ``LEADER_DJANGO_EVERY`` seconds on the cluster's
-default queue, where the test's worker records who sent it.
+default queue, where the test's worker records who sent it. With
+``LEADER_DJANGO_ONE_OFF_IN`` set, a one-off entry runs once that many seconds
+from now.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 
@@ -16,7 +19,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.integration.djangobeat.se
 django.setup()
 
 from django.core.management import call_command  # noqa: E402 - after django.setup()
-from django_celery_beat.models import IntervalSchedule, PeriodicTask  # noqa: E402
+from django_celery_beat.models import (  # noqa: E402
+    ClockedSchedule,
+    IntervalSchedule,
+    PeriodicTask,
+)
 
 call_command("migrate", verbosity=0)
 every, _ = IntervalSchedule.objects.get_or_create(
@@ -31,3 +38,18 @@ PeriodicTask.objects.update_or_create(
         "queue": f"{os.environ['LEADER_NAME']}.default",
     },
 )
+if os.environ.get("LEADER_DJANGO_ONE_OFF_IN"):
+    # A one-off entry on a clocked schedule, as the admin makes one: due once, at that time.
+    at = dt.datetime.now(dt.timezone.utc) + dt.timedelta(
+        seconds=float(os.environ["LEADER_DJANGO_ONE_OFF_IN"])
+    )
+    PeriodicTask.objects.update_or_create(
+        name="once",
+        defaults={
+            "task": "tests.integration.leaderapp.beat_tick",
+            "clocked": ClockedSchedule.objects.create(clocked_time=at),
+            "one_off": True,
+            "args": json.dumps(["once"]),
+            "queue": f"{os.environ['LEADER_NAME']}.default",
+        },
+    )
