@@ -59,6 +59,7 @@ import logging
 import signal
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -71,6 +72,7 @@ from celery_leader.settings import (
     BeatSettings,
     LeaderSettings,
     beat_settings,
+    metrics_settings,
     settings_for_app,
     spelled,
 )
@@ -114,6 +116,8 @@ class BeatElection:
             from celery_leader.metrics import enable_metrics  # noqa: PLC0415 - optional extra
 
             enable_metrics(settings.metrics, self.manager)
+        if settings.metrics.port is not None:
+            self._serve(settings)
         self._last_tick = time.monotonic()
         self._publish_failed_at: float | None = None
         #: When the publish now in flight began (monotonic), or None.
@@ -124,6 +128,20 @@ class BeatElection:
         self.seen_token: int | None = None
         self._started = False
         self._lock = threading.Lock()
+
+    def _serve(self, settings: LeaderSettings) -> None:
+        """``/metrics`` and ``/healthz`` of this beat on ``leader_beat_metrics_port``."""
+        from celery_leader.endpoint import serve  # noqa: PLC0415 - only with a port
+        from celery_leader.health import beat_verdict  # noqa: PLC0415
+
+        metrics = settings.metrics
+        assert metrics.port is not None
+        try:
+            serve(metrics.address, metrics.port, lambda: beat_verdict(self, metrics.stuck_after))
+        except OSError as exc:
+            raise StartupConfigurationError(
+                f"celery-leader: leader_beat_metrics_port={metrics.port} cannot be served: {exc}"
+            ) from None
 
     def start(self) -> None:
         """Start competing (once)."""
@@ -145,6 +163,15 @@ class BeatElection:
     def ticked(self) -> None:
         """Beat's loop ran a tick."""
         self._last_tick = time.monotonic()
+
+    def loop_age(self) -> float:
+        """Seconds since beat's loop last ticked."""
+        return time.monotonic() - self._last_tick
+
+    @property
+    def started(self) -> bool:
+        """True once this beat competes for the lease."""
+        return self._started
 
     def publishing(self) -> None:
         """A publish begins (beat's loop does not tick until it returns)."""
@@ -242,6 +269,11 @@ class LeaderSchedulerMixin:
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         try:
             settings = settings_for_app(app, name_suffix=".beat")
+            # Beat serves on a port of its own: it may share a host (or, under
+            # worker -B, a process tree) with a worker serving leader_metrics_port.
+            settings = replace(
+                settings, metrics=metrics_settings(app.conf, port_key="leader_beat_metrics_port")
+            )
         except ConfigurationError as exc:
             raise StartupConfigurationError(f"celery-leader: {exc}") from None
         self._leader_settings = settings

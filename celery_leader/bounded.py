@@ -31,6 +31,8 @@ T = TypeVar("T")
 class StoreCallTimeoutError(StoreError):
     """A store call did not return within its bound."""
 
+    kind = "timeout"
+
 
 class _Job:
     def __init__(self, fn: Callable[[], Any]) -> None:

@@ -28,11 +28,29 @@ class ConfigurationError(LeaseError, ValueError):
 
 
 class StoreError(LeaseError):
-    """The lease store failed: unreachable, timed out, or answered nonsense."""
+    """The lease store failed: unreachable, timed out, or answered nonsense.
+
+    :attr:`kind` names the failure for metrics: ``error`` here, and
+    ``timeout``, ``unreachable`` or ``auth`` in the subclasses.
+    """
+
+    kind = "error"
 
 
 class StoreAuthError(StoreError):
     """The lease store rejected our credentials."""
+
+    kind = "auth"
+
+
+class StoreUnreachableError(StoreError):
+    """The lease store could not be reached (connection refused or reset, no route)."""
+
+    kind = "unreachable"
+
+
+#: Every :attr:`StoreError.kind`, for metrics that start at zero.
+STORE_ERROR_KINDS = ("timeout", "unreachable", "auth", "error")
 
 
 class LeaseLost(LeaseError):  # noqa: N818 - the public name is fixed by the API contract

@@ -120,6 +120,28 @@ class LeaseEvent:
     """For RENEWED: how long the renewal took, in seconds."""
 
 
+class ObservationKind(enum.Enum):
+    """What a manager learned of its store, apart from its own terms."""
+
+    #: The store showed a live holder of the lease (this manager or another).
+    HOLDER_SEEN = "holder-seen"
+    #: A store call failed; :attr:`Observation.error_kind` says how.
+    STORE_ERROR = "store-error"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Sent to observers (:meth:`LeaseManager.add_observer`): what the store showed."""
+
+    kind: ObservationKind
+    name: str
+    error_kind: str | None = None
+    """For STORE_ERROR: ``timeout``, ``unreachable``, ``auth`` or ``error``."""
+
+
+Observer = Callable[[Observation], None]
+
+
 @dataclass(frozen=True)
 class LeaseState:
     """A consistent snapshot of a manager's view."""
@@ -184,6 +206,7 @@ class LeaseManager:
         self._holder = holder or Holder.for_this_process()
         self._term_ended = False
         self._listeners: list[Listener] = list(listeners)
+        self._observers: list[Observer] = []
         self._liveness = liveness
         self._release_guard = release_guard
         self._caller = BoundedCaller(name) if call is None else None
@@ -247,6 +270,20 @@ class LeaseManager:
         be true a moment before it is), and already false when LOST is.
         """
         self._listeners.append(listener)
+
+    def add_observer(self, observer: Observer) -> None:
+        """Call *observer* with every :class:`Observation` from now on, on the manager's thread.
+
+        A follower sees the holder each time it looks at the store (about
+        once per ttl, sooner after a release); the leader at each renewal.
+        Observers must return quickly; what they raise is logged.
+        """
+        self._observers.append(observer)
+
+    @property
+    def store_failures(self) -> int:
+        """Store calls failed in a row (0 once one succeeds)."""
+        return self._failures
 
     @property
     def running(self) -> bool:
@@ -389,11 +426,13 @@ class LeaseManager:
                     self._foreign_logged = True
                 return self.timing.ttl
             self._foreign_logged = False
+            self._observe(ObservationKind.HOLDER_SEEN)
             # Wake when the current lease would end; a release notification
             # wakes us sooner.
             retry_in = self.timing.ttl if result.retry_in is None else result.retry_in
             return max(0.0, retry_in) + 0.005 + jitter
         assert result.token is not None
+        self._observe(ObservationKind.HOLDER_SEEN)
         self._max_token = max(self._max_token, result.token)
         held = _Held(
             token=result.token,
@@ -483,6 +522,7 @@ class LeaseManager:
         if not ok:
             self._lose(LossReason.RENEW_REJECTED)
             return False
+        self._observe(ObservationKind.HOLDER_SEEN)
         held.valid_until = self.timing.valid_until(t_sent)
         held.next_renew_at = t_sent + self.timing.renew_interval
         if held.elected_at is not None:
@@ -624,8 +664,17 @@ class LeaseManager:
                 f"{mask_text(str(exc))}"
             ) from None
 
+    def _observe(self, kind: ObservationKind, error_kind: str | None = None) -> None:
+        observation = Observation(kind, self.name, error_kind)
+        for observer in list(self._observers):
+            try:
+                observer(observation)
+            except Exception:
+                logger.exception("celery-leader: a %s observer raised", kind.value)
+
     def _store_failed(self, exc: StoreError) -> None:
         self._failures += 1
+        self._observe(ObservationKind.STORE_ERROR, exc.kind)
         message = mask_text(str(exc))
         if message != self._last_error:
             hint = (

@@ -2,37 +2,50 @@
 
 Turn them on with ``leader_metrics = True`` (metrics join the default
 ``prometheus_client`` registry, for an exporter you already run) or
-``leader_metrics_port = 9808`` (the worker also serves them on that port;
-give each worker on a host its own port). Beat's election reports the same
-metrics under its own ``election`` label.
+``leader_metrics_port = 9808`` (the worker also serves them, and its health
+probe, on that port: see :mod:`celery_leader.endpoint`; give each worker on a
+host its own port). Beat's election reports the same metrics under its own
+``election`` label, served on ``leader_beat_metrics_port``.
 
-=====================================  ==========  ==========================================
-metric                                 type        meaning
-=====================================  ==========  ==========================================
-``celery_leader_is_leader``            gauge       1 while this process leads the election
-``celery_leader_token``                gauge       fencing token of the current or last term
-``celery_leader_elections_total``      counter     terms this process began
-``celery_leader_losses_total``         counter     terms lost, by ``reason``
-``celery_leader_releases_total``       counter     terms given up (shutdown, step-down)
-``celery_leader_renew_seconds``        histogram   time one renewal took
-=====================================  ==========  ==========================================
+==================================================  =========  =====================================
+metric                                              type       meaning
+==================================================  =========  =====================================
+``celery_leader_is_leader``                         gauge      1 while this process leads, else 0
+``celery_leader_token``                             gauge      token of the current or last term
+``celery_leader_elections_total``                   counter    terms this process began
+``celery_leader_losses_total``                      counter    terms lost, by ``reason``
+``celery_leader_releases_total``                    counter    terms given up (shutdown, step-down)
+``celery_leader_store_errors_total``                counter    failed store calls, by ``kind``
+``celery_leader_renew_seconds``                     histogram  time one renewal took
+``celery_leader_term_started_timestamp_seconds``    gauge      on the leader: when its term began
+``celery_leader_leader_seen_timestamp_seconds``     gauge      when this process last saw a holder
+==================================================  =========  =====================================
 
-All carry the label ``election``. Metrics are updated from lease events in
-the worker's main process; nothing is added to the per-task path.
+Guarantees: every series exists from the moment the election is attached,
+on followers too (``is_leader`` 0, counters 0, ``leader_seen`` 0 until a
+holder was seen), so "absent" means "not running", never "follower". All
+carry the label ``election``. ``leader_seen`` is taken from what the store
+shows: a follower looks about once per ttl (sooner after a release), the
+leader at every renewal; so ``time() - max by (election)
+(celery_leader_leader_seen_timestamp_seconds) > N`` (N a few ttls) is the
+"no leader for N seconds" alert. Metrics are updated from lease events on
+the lease thread; nothing is added to the per-task path.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
+import time
 from typing import Any
 
-from celery_leader.exceptions import ConfigurationError
-from celery_leader.lease import EventKind, LeaseEvent
+from celery_leader.exceptions import STORE_ERROR_KINDS, ConfigurationError
+from celery_leader.lease import EventKind, LeaseEvent, LossReason, Observation, ObservationKind
 from celery_leader.settings import MetricsSettings
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
-    from prometheus_client import start_http_server as _start_http_server
 except ImportError as exc:  # pragma: no cover - the extra is not installed
     raise ConfigurationError(
         "leader_metrics needs prometheus_client: pip install 'celery-leader[prometheus]'"
@@ -44,9 +57,10 @@ _lock = threading.Lock()
 
 
 class LeaderMetrics:
-    """The metric families, registered once per registry; a lease listener per election."""
+    """The metric families, registered once per registry; a listener and observer per election."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        self.pid = os.getpid()
         labels = ("election",)
         self.is_leader = Gauge(
             "celery_leader_is_leader", "1 while this process leads", labels, registry=registry
@@ -69,6 +83,12 @@ class LeaderMetrics:
         self.releases = Counter(
             "celery_leader_releases", "Terms given up", labels, registry=registry
         )
+        self.store_errors = Counter(
+            "celery_leader_store_errors",
+            "Failed lease store calls, by kind",
+            (*labels, "kind"),
+            registry=registry,
+        )
         self.renew_seconds = Histogram(
             "celery_leader_renew_seconds",
             "Time one renewal took",
@@ -76,6 +96,53 @@ class LeaderMetrics:
             buckets=_RENEW_BUCKETS,
             registry=registry,
         )
+        self.term_started = Gauge(
+            "celery_leader_term_started_timestamp_seconds",
+            "Unix time this process's current term began (only while it leads)",
+            labels,
+            registry=registry,
+        )
+        self.leader_seen = Gauge(
+            "celery_leader_leader_seen_timestamp_seconds",
+            "Unix time this process last saw a holder of the lease in the store (0: never)",
+            labels,
+            registry=registry,
+        )
+
+    def _families(self) -> tuple[Any, ...]:
+        return (
+            self.is_leader,
+            self.token,
+            self.elections,
+            self.losses,
+            self.releases,
+            self.store_errors,
+            self.renew_seconds,
+            self.term_started,
+            self.leader_seen,
+        )
+
+    def forget_inherited(self) -> None:
+        """Drop every series: this process was forked from the one that made them."""
+        for family in self._families():
+            family.clear()
+        self.pid = os.getpid()
+
+    def attach(self, manager: Any) -> None:
+        """Export *manager*'s election from now on: every series at its start value."""
+        election = manager.name
+        self.is_leader.labels(election).set(0)
+        self.token.labels(election).set(0)
+        self.elections.labels(election)
+        self.releases.labels(election)
+        for reason in LossReason:
+            self.losses.labels(election, reason.value)
+        for kind in STORE_ERROR_KINDS:
+            self.store_errors.labels(election, kind)
+        self.renew_seconds.labels(election)
+        self.leader_seen.labels(election).set(0)
+        manager.add_listener(self.listener)
+        manager.add_observer(self.observer)
 
     def listener(self, event: LeaseEvent) -> None:
         """Update the metrics from one lease event."""
@@ -84,39 +151,58 @@ class LeaderMetrics:
             self.elections.labels(election).inc()
             self.is_leader.labels(election).set(1)
             self.token.labels(election).set(event.term.token)
+            self.term_started.labels(election).set(time.time())
         elif event.kind is EventKind.RENEWED:
             if event.latency is not None:
                 self.renew_seconds.labels(election).observe(event.latency)
         elif event.kind is EventKind.LOST:
             reason = event.reason.value if event.reason else "unknown"
             self.losses.labels(election, reason).inc()
-            self.is_leader.labels(election).set(0)
+            self._not_leading(election)
         elif event.kind is EventKind.RELEASED:
             self.releases.labels(election).inc()
-            self.is_leader.labels(election).set(0)
+            self._not_leading(election)
+
+    def observer(self, observation: Observation) -> None:
+        """Update the metrics from what the store showed."""
+        election = observation.name
+        if observation.kind is ObservationKind.HOLDER_SEEN:
+            self.leader_seen.labels(election).set(time.time())
+        elif observation.kind is ObservationKind.STORE_ERROR:
+            self.store_errors.labels(election, observation.error_kind or "error").inc()
+
+    def _not_leading(self, election: str) -> None:
+        self.is_leader.labels(election).set(0)
+        # No series when no term began here (a term given up during its hold-off).
+        with contextlib.suppress(KeyError):
+            self.term_started.remove(election)
 
 
 def metrics_for(registry: CollectorRegistry | None = None) -> LeaderMetrics:
-    """The :class:`LeaderMetrics` of *registry* (the default one if None), made once."""
+    """The :class:`LeaderMetrics` of *registry* (the default one if None), made once.
+
+    In a forked process (an embedded beat is forked from its worker) the
+    series inherited from the parent are dropped first: their values froze
+    at the fork and would report the parent's elections wrongly.
+    """
     registry = registry or REGISTRY
     with _lock:
-        if id(registry) not in _by_registry:
-            _by_registry[id(registry)] = LeaderMetrics(registry)
-        return _by_registry[id(registry)]
-
-
-_served: set[tuple[str, int]] = set()
+        metrics = _by_registry.get(id(registry))
+        if metrics is None:
+            metrics = _by_registry[id(registry)] = LeaderMetrics(registry)
+        elif metrics.pid != os.getpid():
+            metrics.forget_inherited()
+        return metrics
 
 
 def enable_metrics(settings: MetricsSettings, manager: Any) -> LeaderMetrics | None:
-    """Attach metrics to *manager* when *settings* turn them on; serve them on its port."""
+    """Export *manager*'s election in the default registry when *settings* turn metrics on.
+
+    Serving them (and the health probe) over HTTP is
+    :func:`celery_leader.endpoint.serve`'s job.
+    """
     if not settings.enabled:
         return None
     metrics = metrics_for()
-    manager.add_listener(metrics.listener)
-    if settings.port is not None:
-        with _lock:
-            if (settings.address, settings.port) not in _served:
-                _start_http_server(settings.port, addr=settings.address)
-                _served.add((settings.address, settings.port))
+    metrics.attach(manager)
     return metrics

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from celery_leader._masking import mask_url
 from celery_leader.exceptions import ConfigurationError
+from celery_leader.health import DEFAULT_STUCK_AFTER
 from celery_leader.stores.registry import store_class
 from celery_leader.timing import LeaseTiming
 
@@ -52,6 +53,8 @@ KNOWN_KEYS = frozenset(
         "leader_metrics",
         "leader_metrics_port",
         "leader_metrics_address",
+        "leader_beat_metrics_port",
+        "leader_health_stuck_after",
     }
 )
 
@@ -117,11 +120,17 @@ DEFAULT_METRICS_ADDRESS = "0.0.0.0"  # noqa: S104 - scraped from outside the hos
 
 @dataclass(frozen=True)
 class MetricsSettings:
-    """``leader_metrics``, ``leader_metrics_port``, ``leader_metrics_address``."""
+    """Metrics and health: ``leader_metrics``, the port, its address, the stuck bound.
+
+    The port is ``leader_metrics_port`` for a worker and
+    ``leader_beat_metrics_port`` for beat.
+    """
 
     enabled: bool
     port: int | None
     address: str
+    stuck_after: float = DEFAULT_STUCK_AFTER
+    """Seconds a loop may stand still before ``/healthz`` says the process is stuck."""
 
 
 @dataclass(frozen=True)
@@ -182,9 +191,11 @@ def _choice(conf: Mapping[str, Any], key: str, allowed: tuple[str, ...], default
 
 
 @_spelled_as_given
-def metrics_settings(conf: Mapping[str, Any]) -> MetricsSettings:
-    """The validated metrics settings of *conf*."""
-    port = conf.get("leader_metrics_port")
+def metrics_settings(
+    conf: Mapping[str, Any], port_key: str = "leader_metrics_port"
+) -> MetricsSettings:
+    """The validated metrics and health settings of *conf*; the port from *port_key*."""
+    port = conf.get(port_key)
     if port in (None, "", 0):
         port_number = None
     else:
@@ -194,8 +205,7 @@ def metrics_settings(conf: Mapping[str, Any]) -> MetricsSettings:
             port_number = -1
         if not 1 <= port_number <= _MAX_PORT or isinstance(port, bool):
             raise ConfigurationError(
-                f"leader_metrics_port={port!r} is not allowed: it must be a TCP port "
-                "number, 1..65535"
+                f"{port_key}={port!r} is not allowed: it must be a TCP port number, 1..65535"
             )
     address = conf.get("leader_metrics_address") or DEFAULT_METRICS_ADDRESS
     if not isinstance(address, str):
@@ -209,7 +219,16 @@ def metrics_settings(conf: Mapping[str, Any]) -> MetricsSettings:
             f"leader_metrics={flag!r} is not allowed: it must be True or False"
         )
     enabled = bool(flag) or port_number is not None
-    return MetricsSettings(enabled=enabled, port=port_number, address=address)
+    stuck_after = _number(conf, "leader_health_stuck_after", DEFAULT_STUCK_AFTER)
+    assert stuck_after is not None
+    if stuck_after <= 0:
+        raise ConfigurationError(
+            f"leader_health_stuck_after={stuck_after:g} is not allowed: it must be a number "
+            "of seconds > 0"
+        )
+    return MetricsSettings(
+        enabled=enabled, port=port_number, address=address, stuck_after=stuck_after
+    )
 
 
 @_spelled_as_given
@@ -365,6 +384,7 @@ def load_settings(
             f"leader_stop_grace={stop_grace:g} is not allowed: it must be a number of seconds >= 0"
         )
     leader_task_patterns(conf)
+    metrics_settings(conf, "leader_beat_metrics_port")
     beat_settings(conf)  # a worker may run beat (-B): its settings are checked at start too
     _warn_unknown_keys(conf)
     return LeaderSettings(

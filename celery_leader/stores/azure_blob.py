@@ -92,7 +92,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from celery_leader._masking import mask_text, mask_url
-from celery_leader.exceptions import ConfigurationError, StoreAuthError, StoreError
+from celery_leader.bounded import StoreCallTimeoutError
+from celery_leader.exceptions import (
+    ConfigurationError,
+    StoreAuthError,
+    StoreError,
+    StoreUnreachableError,
+)
 from celery_leader.stores.base import AcquireResult, Capability, Holder, LeaseRecord, Watch
 
 try:
@@ -102,6 +108,9 @@ try:
         ClientAuthenticationError,
         HttpResponseError,
         ResourceExistsError,
+        ServiceRequestError,
+        ServiceRequestTimeoutError,
+        ServiceResponseTimeoutError,
     )
     from azure.identity import DefaultAzureCredential
     from azure.storage.blob import BlobClient, BlobLeaseClient, BlobServiceClient
@@ -326,6 +335,10 @@ class AzureBlobLeaseStore:
             if not_ours and code in _NOT_OURS:
                 raise _NotOursError(code) from None
             raise StoreError(self._message(what, exc, code)) from None
+        except (ServiceRequestTimeoutError, ServiceResponseTimeoutError) as exc:
+            raise StoreCallTimeoutError(self._message(what, exc)) from None
+        except ServiceRequestError as exc:  # the request never reached the service
+            raise StoreUnreachableError(self._message(what, exc)) from None
         except (AzureError, OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
             raise StoreError(self._message(what, exc)) from None
 

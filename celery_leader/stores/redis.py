@@ -61,7 +61,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from celery_leader._masking import mask_text, mask_url
-from celery_leader.exceptions import StoreAuthError, StoreError
+from celery_leader.bounded import StoreCallTimeoutError
+from celery_leader.exceptions import StoreAuthError, StoreError, StoreUnreachableError
 from celery_leader.stores.base import (
     AcquireResult,
     Capability,
@@ -253,6 +254,10 @@ class RedisLeaseStore:
             if any(marker in str(exc) for marker in _AUTH_MARKERS):
                 raise StoreAuthError(self._message(what, exc)) from None
             raise StoreError(self._message(what, exc)) from None
+        except (redis.ConnectionError, ConnectionError) as exc:
+            raise StoreUnreachableError(self._message(what, exc)) from None
+        except redis.TimeoutError as exc:
+            raise StoreCallTimeoutError(self._message(what, exc)) from None
         except (redis.RedisError, OSError) as exc:
             raise StoreError(self._message(what, exc)) from None
 

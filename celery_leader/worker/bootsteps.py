@@ -84,6 +84,23 @@ def _check_pool_size(worker: Any, kind: str) -> None:
         )
 
 
+def _serve(settings: LeaderSettings, coordinator: Coordinator) -> None:
+    """``/metrics`` and ``/healthz`` of this worker on ``leader_metrics_port``."""
+    from celery_leader.endpoint import serve  # noqa: PLC0415 - only with a port
+    from celery_leader.health import worker_verdict  # noqa: PLC0415
+
+    metrics = settings.metrics
+    assert metrics.port is not None
+    try:
+        serve(
+            metrics.address, metrics.port, lambda: worker_verdict(coordinator, metrics.stuck_after)
+        )
+    except OSError as exc:
+        raise WorkerConfigurationError(
+            f"celery-leader: leader_metrics_port={metrics.port} cannot be served: {exc}"
+        ) from None
+
+
 class LeaderConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
     """Consumer step: couples leader-queue consumption and liveness to the consumer."""
 
@@ -157,13 +174,9 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
         coordinator = Coordinator(settings, store, nodename=worker.hostname, pool_kind=kind)
         coordinator.install()  # forks the watchdog: before any thread of ours starts
         if settings.metrics.enabled:
-            try:
-                enable_metrics(settings.metrics, coordinator.manager)
-            except OSError as exc:
-                raise WorkerConfigurationError(
-                    f"celery-leader: leader_metrics_port={settings.metrics.port} cannot be "
-                    f"served: {exc}"
-                ) from None
+            enable_metrics(settings.metrics, coordinator.manager)
+        if settings.metrics.port is not None:
+            _serve(settings, coordinator)
         self.coordinator = coordinator
         self._chain_on_stopped(worker)
         logger.info(

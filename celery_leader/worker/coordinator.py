@@ -210,17 +210,32 @@ class Coordinator:
         """Called from the consumer's loop: the loop is alive."""
         self._last_tick = time.monotonic()
 
+    def loop_age(self) -> float:
+        """Seconds since the consumer's loop last ticked."""
+        return time.monotonic() - self._last_tick
+
+    def loop_busy_with_task(self) -> bool:
+        """True when a task holds the loop by design: a solo pool runs tasks on the loop thread."""
+        if self.pool_kind != "solo":
+            return False
+        try:
+            return bool(_snapshot(worker_state.active_requests))
+        except SnapshotError:
+            return True
+
+    @property
+    def started(self) -> bool:
+        """True once the consumer connected and the election began."""
+        return self._started
+
     def is_live(self) -> bool:
         """True while the worker can act on leadership: its loop runs (or a solo task does)."""
         if self.shutting_down:
             return True
-        if time.monotonic() - self._last_tick < self._liveness_window:
+        if self.loop_age() < self._liveness_window:
             return True
-        # A solo pool runs tasks on the loop thread: a busy loop is not a stuck one.
-        try:
-            return self.pool_kind == "solo" and bool(_snapshot(worker_state.active_requests))
-        except SnapshotError:
-            return self.pool_kind == "solo"
+        # A busy loop is not a stuck one.
+        return self.loop_busy_with_task()
 
     # -- the gate (loop thread) -----------------------------------------------
 
@@ -278,6 +293,7 @@ class Coordinator:
             self.shared.publish(token, event.term.valid_until)
             self.post(self.sync_consumption)
             self._send(signals.leader_elected, token=token)
+            self._send_event("leader-elected", token=token)
         elif event.kind is EventKind.RENEWED:
             self.shared.publish(token, event.term.valid_until)  # refused once revoked
         else:
@@ -285,8 +301,24 @@ class Coordinator:
             if event.kind is EventKind.LOST:
                 reason = event.reason.value if event.reason else "unknown"
                 self._send(signals.leader_lost, token=token, reason=reason)
+                self._send_event("leader-lost", token=token, reason=reason)
             else:
                 self._send(signals.leader_released, token=token)
+                self._send_event("leader-released", token=token)
+
+    def _send_event(self, kind: str, **fields: Any) -> None:
+        """Send a Celery event of *kind*, from the loop thread, when the worker sends events.
+
+        Celery's dispatcher sends types outside the ``worker`` group only
+        with task events on (``-E``); it is a no-op otherwise.
+        """
+
+        def send() -> None:
+            dispatcher = getattr(self.consumer, "event_dispatcher", None)
+            if dispatcher is not None and dispatcher.enabled:
+                dispatcher.send(kind, name=self.settings.name, **fields)
+
+        self.post(send)
 
     def _send(self, signal_: Any, **kwargs: Any) -> None:
         if self._signals is None:

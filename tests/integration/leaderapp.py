@@ -243,6 +243,21 @@ if os.environ.get("LEADER_BEAT_EVERY"):
 if os.environ.get("LEADER_METRICS_PORT"):
     app.conf.leader_metrics_port = int(os.environ["LEADER_METRICS_PORT"])
     app.conf.leader_metrics_address = "127.0.0.1"
+if os.environ.get("LEADER_BEAT_METRICS_PORT"):
+    app.conf.leader_beat_metrics_port = int(os.environ["LEADER_BEAT_METRICS_PORT"])
+    app.conf.leader_metrics_address = "127.0.0.1"
+if os.environ.get("LEADER_HEALTH_STUCK_AFTER"):
+    app.conf.leader_health_stuck_after = float(os.environ["LEADER_HEALTH_STUCK_AFTER"])
+
+
+@control_command()
+def stop_lease_thread(state, **kwargs):
+    """Test-only: end the worker's lease thread, as a crash of that thread would."""
+    from celery_leader.worker.coordinator import current_coordinator
+
+    coordinator = current_coordinator()
+    coordinator.manager.stop(release=True)
+    return {"ok": "stopped"}
 
 
 @leader_only(on_loss="terminate")

@@ -1,0 +1,79 @@
+"""Is this process working? The verdict behind ``GET /healthz``.
+
+A liveness probe restarts what it fails, so the verdict fails only where a
+restart helps:
+
+* **healthy** (200): the process works, as leader or follower. Also while
+  the lease store is unreachable (restarting workers does not bring a store
+  back, and a restart storm is the failure to avoid: the worker keeps
+  serving ordinary tasks and competing), while a solo worker runs a long
+  task on its loop thread (by design), while it starts (the consumer is not
+  connected yet) and while it stops (a warm shutdown drains its tasks).
+* **unhealthy** (503): the lease thread died, or the consumer's loop (beat's
+  loop, for beat) has not turned for ``leader_health_stuck_after`` seconds
+  (default 60) with no task holding it.
+
+The verdict reads the process's own state only; it makes no store or
+broker call, so a probe never waits on either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Seconds a loop may stand still before the process counts as stuck, unless
+#: ``leader_health_stuck_after`` says otherwise.
+DEFAULT_STUCK_AFTER = 60.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One answer of the health probe."""
+
+    healthy: bool
+    status: str
+    """``ok``, ``starting``, ``stopping``, ``loop-stuck`` or ``lease-thread-dead``."""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON body of the answer."""
+        return {"healthy": self.healthy, "status": self.status, **self.detail}
+
+
+def worker_verdict(coordinator: Any, stuck_after: float) -> Verdict:
+    """The verdict for a worker, from its coordinator (:mod:`celery_leader.worker.coordinator`)."""
+    manager = coordinator.manager
+    detail: dict[str, Any] = {
+        "election": manager.name,
+        "role": "leader" if manager.is_leader() else "follower",
+        "loop_age": round(coordinator.loop_age(), 3),
+        "store_failures": manager.store_failures,
+    }
+    if coordinator.shutting_down:
+        return Verdict(True, "stopping", detail)
+    if not coordinator.started:
+        return Verdict(True, "starting", detail)
+    if not manager.running:
+        return Verdict(False, "lease-thread-dead", detail)
+    if coordinator.loop_age() > stuck_after and not coordinator.loop_busy_with_task():
+        return Verdict(False, "loop-stuck", detail)
+    return Verdict(True, "ok", detail)
+
+
+def beat_verdict(election: Any, stuck_after: float) -> Verdict:
+    """The verdict for a beat, from its election (:class:`celery_leader.beat.BeatElection`)."""
+    manager = election.manager
+    detail: dict[str, Any] = {
+        "election": manager.name,
+        "role": "leader" if manager.is_leader() else "follower",
+        "loop_age": round(election.loop_age(), 3),
+        "store_failures": manager.store_failures,
+    }
+    if not election.started:
+        return Verdict(True, "starting", detail)
+    if not manager.running:
+        return Verdict(False, "lease-thread-dead", detail)
+    if election.loop_age() > stuck_after:
+        return Verdict(False, "loop-stuck", detail)
+    return Verdict(True, "ok", detail)
