@@ -29,6 +29,7 @@ from celery_leader.term_end import OnLoss
 from celery_leader.timing import LeaseTiming
 from celery_leader.worker.bootsteps import LeaderElection
 
+# The one place the version is written: pyproject.toml reads it from here.
 __version__ = "0.1.0.dev0"
 
 __all__ = [

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import pty
 import subprocess
 import sys
 import time
@@ -12,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+import celery_leader
+from celery_leader import cli
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
 from tests.servers import RedisServer, free_port
@@ -31,9 +35,34 @@ app.conf.leader_backend_url = os.environ["CLIAPP_STORE"]
 if os.environ.get("CLIAPP_TTL"):
     app.conf.leader_lease_ttl = float(os.environ["CLIAPP_TTL"])
 app.steps["worker"].add(celery_leader.LeaderElection)
+if os.environ.get("CLIAPP_PRELOAD_LOG"):
+    # A preload option, as apps add them: Celery hands its value to every top-level
+    # command, `leader` included, and to the user_preload_options signal.
+    import click
+    from celery import signals
+
+    app.user_options["preload"].add(click.Option(["--flavour"], default="plain"))
+
+    @signals.user_preload_options.connect
+    def _record_preload(app, options, **kwargs):
+        with open(os.environ["CLIAPP_PRELOAD_LOG"], "a") as log:
+            log.write(options["flavour"] + "\\n")
 """
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def cli_env(app_dir: Path, store: str, broker: str) -> dict[str, str]:
+    """The environment ``celery -A cliapp`` runs in: *app_dir* importable, help 80 wide."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLIAPP_")}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(app_dir), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    env["CLIAPP_BROKER"] = broker
+    env["CLIAPP_STORE"] = store
+    env["COLUMNS"] = "80"  # click wraps --help to the terminal: the same width everywhere
+    env.pop("NO_COLOR", None)  # Celery reads it as -C; the colour test wants both cases
+    return env
 
 
 @pytest.fixture
@@ -42,19 +71,18 @@ def leader_cli(tmp_path: Path, redis_server: RedisServer) -> Run:
     (tmp_path / "cliapp.py").write_text(APP_MODULE)
 
     def run(
-        *args: str, store: str | None = None, ttl: str | None = None
+        *args: str,
+        store: str | None = None,
+        ttl: str | None = None,
+        env_extra: dict[str, str] | None = None,
+        celery_args: tuple[str, ...] = (),
     ) -> subprocess.CompletedProcess[str]:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(tmp_path), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-        )
-        env["CLIAPP_BROKER"] = redis_server.url
-        env["CLIAPP_STORE"] = store or redis_server.url
-        env.pop("CLIAPP_TTL", None)
+        env = cli_env(tmp_path, store or redis_server.url, redis_server.url)
         if ttl is not None:
             env["CLIAPP_TTL"] = ttl
+        env.update(env_extra or {})
         return subprocess.run(
-            [sys.executable, "-m", "celery", "-A", "cliapp", "leader", *args],
+            [sys.executable, "-m", "celery", "-A", "cliapp", *celery_args, "leader", *args],
             cwd=ROOT,
             env=env,
             capture_output=True,
@@ -99,9 +127,10 @@ def test_status_without_holder_exits_1(leader_cli: Run, redis_server: RedisServe
     assert "Traceback" not in proc.stderr
 
 
-def test_status_json_without_holder(leader_cli: Run, redis_server: RedisServer) -> None:
-    """status --json with no holder prints one object with name, store and leader null; exit 1."""
-    proc = leader_cli("status", "--json")
+@pytest.mark.parametrize("flag", ["--json", "-j"])
+def test_status_json_without_holder(leader_cli: Run, redis_server: RedisServer, flag: str) -> None:
+    """status --json (or -j, as celery inspect) with no holder: one object, leader null; exit 1."""
+    proc = leader_cli("status", flag)
     assert proc.returncode == 1, proc.stderr
     payload = one_json_object(proc.stdout)
     assert {"name", "store", "leader"} <= set(payload)
@@ -200,6 +229,7 @@ def test_status_wrong_password_exits_2_masked(leader_cli: Run, tmp_path: Path) -
     assert "Traceback" not in proc.stderr
     assert PASSWORD not in proc.stdout + proc.stderr
     assert f"redis://:***@127.0.0.1:{server.port}/0" in lines[0]
+    assert lines[0].startswith("ERROR: "), "Celery's error style, as celery amqp prints it"
 
 
 @pytest.mark.parametrize("args", [("status",), ("status", "--json"), ("step-down",)], ids=" ".join)
@@ -211,8 +241,8 @@ def test_unreachable_store_exits_2_with_one_line(leader_cli: Run, args: tuple[st
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
+    assert lines[0].startswith("ERROR: lease store redis://:***@"), lines[0]
     assert f"127.0.0.1:{port}" in lines[0]
-    assert "***" in lines[0]
     assert PASSWORD not in proc.stdout + proc.stderr
     assert proc.stdout == ""
 
@@ -223,6 +253,7 @@ def test_bad_ttl_exits_2_naming_the_setting(leader_cli: Run) -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("ERROR: ")
     assert "leader_lease_ttl" in lines[0]
     assert "Traceback" not in proc.stderr
     assert proc.stdout == ""
@@ -246,3 +277,164 @@ def test_step_down_unanswered_keeps_the_lease_and_exits_1(
     assert record is not None
     assert record.nodename == "w1@h"
     assert record.token == token
+
+
+def exit_code_table(help_text: str) -> dict[int, str]:
+    """The ``Exit codes:`` section of a command's --help: code -> its (unwrapped) meaning."""
+    lines = help_text.split("Exit codes:\n", 1)[1].splitlines()
+    table: dict[int, str] = {}
+    code = -1
+    for line in lines:
+        head, _, rest = line.strip().partition("  ")
+        if head.isdigit() and rest:
+            code = int(head)
+            table[code] = rest.strip()
+        elif line.strip() and code >= 0:
+            table[code] += " " + line.strip()
+    return table
+
+
+@pytest.mark.compat
+def test_group_help_shows_each_command_whole(leader_cli: Run) -> None:
+    """leader --help lists status and step-down with their whole short help, nothing cut off."""
+    proc = leader_cli("--help")
+    assert proc.returncode == 0, proc.stderr
+    listed = {
+        line.split()[0]: " ".join(line.split()[1:])
+        for line in proc.stdout.split("Commands:\n", 1)[1].splitlines()
+        if line.strip()
+    }
+    assert listed == {"status": cli.STATUS_SHORT_HELP, "step-down": cli.STEP_DOWN_SHORT_HELP}
+    assert "..." not in proc.stdout.split("Commands:\n", 1)[1]
+    assert "exit codes" in proc.stdout
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize(
+    ("command", "codes", "group"),
+    [("status", [0, 1, 2], "Status Options:"), ("step-down", [0, 1, 2, 3], "Step-down Options:")],
+)
+def test_command_help_lists_its_exit_codes(
+    leader_cli: Run, command: str, codes: list[int], group: str
+) -> None:
+    """Each command's --help has an exit-code table (every code it uses) and grouped options."""
+    proc = leader_cli(command, "--help")
+    assert proc.returncode == 0, proc.stderr
+    table = exit_code_table(proc.stdout)
+    assert sorted(table) == codes, proc.stdout
+    assert "store" in table[2]
+    assert "command line" in table[2], "click's usage errors exit 2 too"
+    assert group in proc.stdout, "options grouped as Celery's commands group them"
+    if command == "step-down":
+        assert "--timeout" in table[1]
+        assert "pool cannot stop" in table[3]
+
+
+def test_usage_errors_exit_2_with_celerys_suggestions(leader_cli: Run) -> None:
+    """A misspelled command suggests the right one (as `celery` does); a bad option exits 2."""
+    typo = leader_cli("stauts")
+    assert typo.returncode == 2
+    assert "Did you mean" in typo.stderr
+    assert "status" in typo.stderr
+    bad = leader_cli("step-down", "--timeout", "0")
+    assert bad.returncode == 2
+    assert "--timeout" in bad.stderr
+    for proc in (typo, bad):
+        assert "Traceback" not in proc.stderr
+        assert proc.stdout == ""
+
+
+@pytest.mark.compat
+def test_app_preload_options_reach_the_signal(leader_cli: Run, tmp_path: Path) -> None:
+    """An app with a preload option: `leader --flavour x status` runs and the signal gets x."""
+    log = tmp_path / "preload.log"
+    env = {"CLIAPP_PRELOAD_LOG": str(log)}
+    given = leader_cli("--flavour", "mint", "status", "--json", env_extra=env)
+    default = leader_cli("step-down", env_extra=env)
+    assert given.returncode == 1, given.stdout + given.stderr
+    assert one_json_object(given.stdout)["leader"] is None
+    assert default.returncode == 1, default.stdout + default.stderr
+    assert "Traceback" not in given.stderr + default.stderr
+    assert log.read_text().split() == ["mint", "plain"]
+
+
+def run_on_a_terminal(args: list[str], env: dict[str, str]) -> tuple[int, bytes]:
+    """Run *args* with stderr on a pseudo-terminal (stdout piped); exit code and stderr bytes."""
+    main, child = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=child, stdin=subprocess.DEVNULL
+        )
+        os.close(child)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:  # EIO: the child closed its end
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert proc.stdout is not None
+        proc.stdout.read()
+        return proc.wait(60), b"".join(chunks)
+    finally:
+        os.close(main)
+
+
+def test_error_is_red_on_a_terminal_and_plain_with_no_color(tmp_path: Path) -> None:
+    """On a terminal the error reads `ERROR: ...` with ERROR in red, as Celery's; -C: no colour."""
+    (tmp_path / "cliapp.py").write_text(APP_MODULE)
+    store = f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0"
+    env = cli_env(tmp_path, store, store)
+    base = [sys.executable, "-m", "celery", "-A", "cliapp"]
+    code, coloured = run_on_a_terminal([*base, "leader", "status"], env)
+    assert code == 2
+    assert coloured.startswith(b"\x1b["), coloured
+    assert b"\x1b[31m" in coloured.split(b"ERROR", 1)[0], "ERROR in red"
+    code, plain = run_on_a_terminal([*base, "--no-color", "leader", "status"], env)
+    assert code == 2
+    assert plain.startswith(b"ERROR: lease store redis://:***@"), plain
+    assert b"\x1b" not in plain
+    for output in (coloured, plain):
+        assert output.strip().count(b"\n") == 0, "one line"
+        assert PASSWORD.encode() not in output
+
+
+def test_version_has_one_source() -> None:
+    """celery_leader.__version__ is the installed distribution's version; pyproject reads it."""
+    assert celery_leader.__version__ == importlib.metadata.version("celery-leader")
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"]
+    assert "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "celery_leader.__version__"
+    }
+
+
+def test_console_script_reports_the_version() -> None:
+    """`celery-leader --version` prints celery_leader.__version__."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "celery_leader", "--version"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-1] == celery_leader.__version__
+
+
+def test_metadata_names_the_project_urls() -> None:
+    """The installed metadata carries Homepage, Documentation, Changelog and Issues URLs."""
+    urls = dict(
+        entry.split(", ", 1)
+        for entry in importlib.metadata.metadata("celery-leader").get_all("Project-URL") or []
+    )
+    home = "https://github.com/celery-leader/celery-leader"
+    assert urls["Homepage"] == home
+    assert urls["Documentation"].startswith(home)
+    assert urls["Changelog"] == f"{home}/blob/main/CHANGELOG.md"
+    assert urls["Issues"] == f"{home}/issues"

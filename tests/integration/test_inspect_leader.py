@@ -1,0 +1,87 @@
+"""``celery inspect leader`` on real workers, one of them without the LeaderElection step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import ROOT, Worker
+
+# An app that imports celery_leader and has its settings but never adds the step:
+# the shape of a worker someone forgot to wire up, or one left out on purpose.
+STEPLESS_APP = """\
+import os
+
+from celery import Celery
+
+import celery_leader  # registers `inspect leader` and nothing else
+
+app = Celery("stepless", broker=os.environ["LEADER_BROKER"])
+app.conf.leader_name = os.environ["LEADER_NAME"]
+app.conf.leader_backend_url = os.environ["LEADER_STORE"]
+app.conf.worker_hijack_root_logger = False
+"""
+
+
+class SteplessWorker(Worker):
+    """A ``celery worker`` of the step-less app, on the cluster's broker."""
+
+    def __init__(self, env: dict[str, str], nodename: str, logdir: Path) -> None:
+        self.nodename = nodename
+        self.log = logdir / "stepless.log"
+        (logdir / "stepless.py").write_text(STEPLESS_APP)
+        env = {**env, "PYTHONPATH": os.pathsep.join([str(logdir), env["PYTHONPATH"]])}
+        args = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "stepless",
+            "worker",
+            "-n",
+            nodename,
+            "-P",
+            "solo",
+            "-l",
+            "info",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                args, cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True
+            )
+
+
+@pytest.mark.compat
+def test_worker_without_the_step_answers_disabled(cluster_for, tmp_path):
+    """inspect leader: the step-less worker answers role "disabled", nulls; the other leads."""
+    cluster = cluster_for("redis")
+    stepless = SteplessWorker(cluster.env, f"stepless@{cluster.name}", tmp_path)
+    cluster.workers.append(stepless)  # stopped with the cluster
+    stepless.wait_ready()
+    (with_step,) = cluster.start(1)
+    assert cluster.leader_worker() is with_step
+    proc = cluster.celery("inspect", "leader", "--json", "--timeout", "3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    views = json.loads(proc.stdout)
+    assert set(views) == {stepless.nodename, with_step.nodename}
+    assert views[stepless.nodename] == {
+        "role": "disabled",
+        "name": None,
+        "token": None,
+        "expires_in": None,
+    }
+    assert views[with_step.nodename]["role"] == "leader"
+    assert views[with_step.nodename]["name"] == cluster.name
+    assert "Traceback" not in stepless.text()
+    code, status = cluster.leader_status()
+    assert code == 0
+    assert status is not None
+    assert status["leader"]["nodename"] == with_step.nodename
