@@ -8,7 +8,9 @@ restart helps:
   back, and a restart storm is the failure to avoid: the worker keeps
   serving ordinary tasks and competing), while a solo worker runs a long
   task on its loop thread (by design), while it starts (the consumer is not
-  connected yet) and while it stops (a warm shutdown drains its tasks).
+  connected yet), while Celery reconnects to the broker (a restart does not
+  bring a broker back either) and while it stops (a warm shutdown drains
+  its tasks).
 * **unhealthy** (503): the lease thread died, or the consumer's loop (beat's
   loop, for beat) has not turned for ``leader_health_stuck_after`` seconds
   (default 60) with no task holding it.
@@ -33,7 +35,8 @@ class Verdict:
 
     healthy: bool
     status: str
-    """``ok``, ``starting``, ``stopping``, ``loop-stuck`` or ``lease-thread-dead``."""
+    """``ok``, ``starting``, ``reconnecting``, ``stopping``, ``loop-stuck`` or
+    ``lease-thread-dead``."""
     detail: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -56,6 +59,8 @@ def worker_verdict(coordinator: Any, stuck_after: float) -> Verdict:
         return Verdict(True, "starting", detail)
     if not manager.running:
         return Verdict(False, "lease-thread-dead", detail)
+    if not coordinator.connected:
+        return Verdict(True, "reconnecting", detail)
     if coordinator.loop_age() > stuck_after and not coordinator.loop_busy_with_task():
         return Verdict(False, "loop-stuck", detail)
     return Verdict(True, "ok", detail)

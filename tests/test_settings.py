@@ -152,6 +152,8 @@ def test_namespaced_settings_are_read():
         ("leader_metrics_port", 70000, "leader_metrics_port=70000 is not allowed"),
         ("leader_metrics_address", 5, "leader_metrics_address=5 is not allowed"),
         ("leader_stop_grace", -1, "leader_stop_grace=-1 is not allowed"),
+        ("leader_beat_metrics_port", 0.5, "leader_beat_metrics_port=0.5 is not allowed"),
+        ("leader_health_stuck_after", 0, "leader_health_stuck_after=0 is not allowed"),
     ],
 )
 def test_values_of_the_wrong_type_are_refused(key, value, fragment):
@@ -200,3 +202,9 @@ def test_every_documented_key_is_known():
     table = readme[readme.index("## Settings") : readme.index("## Django")]
     documented = set(re.findall(r"^\| `(leader_[a-z_]+)` \|", table, flags=re.MULTILINE))
     assert documented == set(KNOWN_KEYS)
+
+
+def test_beat_port_must_differ_from_the_workers():
+    """An embedded beat cannot serve the port its worker holds."""
+    with pytest.raises(ConfigurationError, match="must differ from leader_metrics_port"):
+        load_settings(conf(leader_metrics_port=9808, leader_beat_metrics_port=9808), "proj")

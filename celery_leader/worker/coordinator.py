@@ -228,6 +228,11 @@ class Coordinator:
         """True once the consumer connected and the election began."""
         return self._started
 
+    @property
+    def connected(self) -> bool:
+        """False while the consumer is stopped: Celery reconnects to the broker, or shuts down."""
+        return self.consumer is not None
+
     def is_live(self) -> bool:
         """True while the worker can act on leadership: its loop runs (or a solo task does)."""
         if self.shutting_down:

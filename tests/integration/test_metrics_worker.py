@@ -163,6 +163,30 @@ def test_healthz_fails_on_a_stuck_loop_and_a_dead_lease_thread(cluster_for):
     assert dead[1]["status"] == "lease-thread-dead"
 
 
+def test_healthz_stays_200_while_the_broker_is_gone(cluster_for):
+    """Celery reconnecting to a dead broker is not a stuck worker: a restart would not help."""
+    cluster = cluster_for("redis")
+    cluster.env["LEADER_HEALTH_STUCK_AFTER"] = "1.5"
+    worker, port = start_with_port(cluster)
+    cluster.leader_worker()
+    cluster.data.kill()  # the broker (and the run history)
+    try:
+        wait_for(
+            lambda: "Cannot connect" in worker.text() or "reconnect" in worker.text(),
+            15,
+            "the worker noticed the broker is gone",
+        )
+        until = time.monotonic() + 4
+        while time.monotonic() < until:
+            code, body = health(port)
+            assert code == 200, body
+            time.sleep(0.2)
+        assert body["status"] in ("reconnecting", "ok"), body
+    finally:
+        cluster.data.start()
+    wait_for(lambda: health(port)[1]["status"] == "ok", 30, "back to ok once reconnected")
+
+
 def test_healthz_stays_200_while_solo_and_gevent_workers_run_a_long_task(cluster_for):
     """A long task holds a solo worker's loop by design, and keeps a gevent worker busy: 200."""
     cluster = cluster_for("redis")
