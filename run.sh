@@ -24,6 +24,31 @@ venv() {
   .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${1:+[$1]}"
 }
 
+# The demo's .venv: created, or brought up to date, only when it is missing or pyproject.toml
+# changed since the last install (the package is installed editable, so code changes need no
+# reinstall). pip's output goes to a log shown only when the install fails.
+demo_venv() {
+  local stamp log
+  stamp="$(sha1sum < pyproject.toml)"
+  if [ -x .venv/bin/celery-leader ] && [ "$(cat .venv/.demo-inputs 2>/dev/null)" = "$stamp" ]; then
+    return 0
+  fi
+  if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then apt_install python3-venv; fi
+  log="$(mktemp "${TMPDIR:-/tmp}/celery-leader-install.XXXXXX")"
+  echo "installing celery-leader into .venv (first run, or pyproject.toml changed)" >&2
+  # Each step chained with && (not set -e, which a function in an if-condition ignores).
+  if { [ -x .venv/bin/python ] || python3 -m venv .venv; } >"$log" 2>&1 \
+      && .venv/bin/python -m pip install --disable-pip-version-check --upgrade pip >>"$log" 2>&1 \
+      && .venv/bin/python -m pip install --disable-pip-version-check -e . >>"$log" 2>&1; then
+    echo "$stamp" > .venv/.demo-inputs
+    rm -f "$log"
+  else
+    cat "$log" >&2
+    echo "installing celery-leader into .venv failed; pip's output is above and in $log" >&2
+    return 1
+  fi
+}
+
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 test_services() {
@@ -105,7 +130,7 @@ compat() {
 cmd="${1:-}"; shift || true
 case "$cmd" in
   demo)
-    venv ""
+    demo_venv
     exec .venv/bin/celery-leader demo "$@"
     ;;
   test)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,42 +22,92 @@ def demo_processes() -> list[str]:
     ]
 
 
-@pytest.mark.slow
-def test_quick_demo_shows_failover_and_handover():
-    """`celery-leader demo --quick`: another leader after the kill, rising tokens, nothing left."""
-    before = demo_processes()
-    proc = subprocess.run(
-        [sys.executable, "-m", "celery_leader", "demo", "--quick"],
+def run_demo(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """``celery-leader demo ARGS`` as a newcomer runs it, in its own process."""
+    return subprocess.run(
+        [sys.executable, "-m", "celery_leader", "demo", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=timeout,
         check=False,
     )
+
+
+#: The summary's handover line: seconds from the release, then from the step-down request.
+HANDOVER = re.compile(
+    r"handover \(step-down\)\s+(\S+)\s+token (\d+)\s+([\d.]+) s from the release\s+"
+    r"\(([\d.]+) s from the step-down request"
+)
+#: The footnote that explains figures measured on kombu's polled filesystem broker.
+FOOTNOTE = "kombu's filesystem broker is polled"
+
+
+@pytest.mark.slow
+def test_quick_demo_shows_failover_and_handover():
+    """`demo --quick`: failover, restart announced, sub-second handover from the release."""
+    before = demo_processes()
+    proc = run_demo("--quick")
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     first = re.search(r"first leader\s+(\S+)\s+token (\d+)", out)
     failover = re.search(r"failover \(SIGKILL\)\s+(\S+)\s+token (\d+)\s+([\d.]+) s", out)
-    handover = re.search(r"handover \(step-down\)\s+(\S+)\s+token (\d+)", out)
+    handover = HANDOVER.search(out)
     assert first and failover and handover, out
     assert failover.group(1) != first.group(1), "a different worker leads after the kill"
     assert int(first.group(2)) < int(failover.group(2)) < int(handover.group(2))
     assert 0 < float(failover.group(3)) < 2 + 5
     assert "tokens increased: True" in out
     assert re.search(r"failover: \S+ ran the leader task [\d.]+ s after the kill", out)
+    assert f"restarting {first.group(1)} as {first.group(1)}b: a new worker" in out, out
+    assert re.search(r"\S+ released the lease [\d.]+ s after the request", out), out
+    from_release, from_request = float(handover.group(3)), float(handover.group(4))
+    # Measured at 0.01-0.16 s on a 2-core machine: the bound leaves room for a loaded one.
+    assert 0 <= from_release < 1.0, out
+    assert from_request >= from_release, out
+    assert FOOTNOTE in out, "the filesystem broker's figures carry their footnote"
     assert demo_processes() == before, "the demo leaves no process behind"
+
+
+@pytest.mark.slow
+def test_demo_on_redis_honours_ttl_with_quick_and_drops_the_footnote(tmp_path):
+    """`--broker redis://... --quick --ttl 2.5`: the given ttl is used, no filesystem footnote."""
+    from tests.servers import RedisServer
+
+    before = demo_processes()
+    server = RedisServer(tmp_path).start()
+    try:
+        proc = run_demo("--quick", "--ttl", "2.5", "--broker", server.url)
+    finally:
+        server.stop()
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert "; ttl 2.5 s" in out and "(ttl 2.5 s)" in out, "--quick keeps the --ttl given"
+    handover = HANDOVER.search(out)
+    assert handover and 0 <= float(handover.group(3)) < 1.0, out
+    assert FOOTNOTE not in out, "the footnote is about the filesystem broker only"
+    assert demo_processes() == before
+
+
+def test_demo_options_all_have_help():
+    """`celery-leader demo --help` explains every option; --broker with --lease-only is refused."""
+    from celery_leader.__main__ import demo
+
+    options = [param for param in demo.params if isinstance(param, click.Option)]
+    assert options and all(option.help for option in options), "an option without a help text"
+    proc = run_demo("--help", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    help_text = " ".join(proc.stdout.split())  # click wraps lines; compare words
+    assert "How many workers to start" in help_text
+    assert "Lease ttl in seconds, 3 by default and 2 with --quick" in help_text
+    assert "a 2 s ttl unless --ttl is given" in help_text
+    refused = run_demo("--lease-only", "--broker", "redis://127.0.0.1:1/0", timeout=60)
+    assert refused.returncode == 2 and "--broker has no use with --lease-only" in refused.stderr
 
 
 def test_lease_only_demo_runs_without_celery():
     """`celery-leader demo --lease-only --quick`: lease managers alone fail over too."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "celery_leader", "demo", "--lease-only", "--quick"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = run_demo("--lease-only", "--quick", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "failover took" in proc.stdout
     assert "tokens increased: True" in proc.stdout
@@ -68,24 +119,7 @@ def test_demo_without_a_leader_shows_the_worker_logs_and_keeps_them():
     from tests.servers import free_port
 
     before = demo_processes()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "celery_leader",
-            "demo",
-            "--quick",
-            "--ttl",
-            "1",
-            "--broker",
-            f"redis://127.0.0.1:{free_port()}/0",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    proc = run_demo("--quick", "--ttl", "1", "--broker", f"redis://127.0.0.1:{free_port()}/0")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     assert "Traceback" not in out and "KeyError" not in out, out[-3000:]

@@ -4,9 +4,17 @@ Starts NODES ``celery worker`` processes and one ``celery beat`` (LeaderSchedule
 of :mod:`celery_leader.demo.app`, on kombu's filesystem broker and a SQLite
 lease store in a temporary directory unless ``--broker`` / ``--store`` say
 otherwise. It shows who leads, with which token, and the leader task runs;
-SIGKILLs the leader and measures the failover; then asks the new leader to
-step down (``celery leader step-down``) and measures the handover. Every
-process it starts is stopped when it returns, also on Ctrl-C.
+SIGKILLs the leader and measures the failover (from the kill to the first
+leader task elsewhere); restarts the killed worker under a new name; then asks
+the new leader to step down (``celery leader step-down``) and measures the
+handover from the old leader's release (its ``leader_released`` signal) to the
+new leader's first leader task, and from the step-down request, which also
+counts starting the ``celery`` command. Every process it starts is stopped
+when it returns, also on Ctrl-C.
+
+The times compared are all on the lease clock (:func:`celery_leader.clock.now`),
+read by the demo and stamped by the workers in the files described in
+:mod:`celery_leader.demo.app`.
 """
 
 from __future__ import annotations
@@ -26,18 +34,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from celery_leader import clock
 from celery_leader._masking import mask_url
 from celery_leader.demo.lease_demo import DemoResult
 from celery_leader.stores import open_store
 
 APP = "celery_leader.demo.app"
+#: Seconds between the beat's leader tasks; a new leader's first task may wait up to this long.
+TICK_SECONDS = 0.2
+
+#: Shown under the summary on kombu's filesystem broker only: its figures are polled ones.
+FILESYSTEM_FOOTNOTE = (
+    "  (kombu's filesystem broker is polled, here every 50 ms, and the handover includes\n"
+    "   a poll; Redis and RabbitMQ deliver without polling)"
+)
 
 
 @dataclass
 class CeleryDemoResult(DemoResult):
-    """What the demo measured, with the Celery part: lease held vs first task, runs."""
+    """What the demo measured, with the Celery part.
 
-    handover_elected_seconds: float = 0.0
+    ``handover_seconds`` runs from the old leader's release to the new
+    leader's first leader task; ``handover_request_seconds`` from the
+    step-down request (which starts a ``celery`` process) to that task.
+    """
+
+    handover_request_seconds: float = 0.0
+    filesystem_broker: bool = False
     runs: Counter[str] = field(default_factory=Counter)
 
 
@@ -118,7 +141,8 @@ def _explain_no_leader(
     out(f"--- the full logs are kept in {kept}")
 
 
-def _runs(path: Path) -> list[dict[str, Any]]:
+def _rows(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines the workers appended to *path* so far."""
     if not path.exists():
         return []
     rows = []
@@ -140,7 +164,7 @@ def run_celery_demo(
     out: Callable[[str], None] = print,
 ) -> CeleryDemoResult:
     """Run the demo; print a narrative and a summary through *out*; return the figures."""
-    result = CeleryDemoResult()
+    result = CeleryDemoResult(filesystem_broker=not broker or broker.startswith("filesystem"))
     started = time.monotonic()
 
     def say(text: str) -> None:
@@ -153,10 +177,12 @@ def run_celery_demo(
             "CELERY_LEADER_DEMO_BROKER": broker or "",
             "CELERY_LEADER_DEMO_STORE": store or "",
             "CELERY_LEADER_DEMO_TTL": str(ttl),
+            "CELERY_LEADER_DEMO_TICK": str(TICK_SECONDS),
         }
         store_url = store or f"sqlite:///{workdir}/leader.db"
         lease_store = open_store(store_url, timeout=1.0)
         runs_file = workdir / "runs.jsonl"
+        terms_file = workdir / "terms.jsonl"
         procs = _Processes(env, workdir)
         names = [f"node{i}" for i in range(1, nodes + 1)]
 
@@ -172,7 +198,7 @@ def run_celery_demo(
         def watch_until(done: Callable[[list[dict[str, Any]]], Any], timeout: float) -> Any:
             deadline, shown = time.monotonic() + timeout, 0.0
             while time.monotonic() < deadline:
-                rows = _runs(runs_file)
+                rows = _rows(runs_file)
                 value = done(rows)
                 if value:
                     return value
@@ -193,7 +219,7 @@ def run_celery_demo(
         def first_run_after(
             moment: float, accept: Callable[[dict[str, Any]], bool]
         ) -> dict[str, Any]:
-            """The first leader-task run after *moment* that *accept* takes."""
+            """The first leader-task run after *moment* (lease clock) that *accept* takes."""
             run: dict[str, Any] = watch_until(
                 lambda rows: next((r for r in rows if r["at"] > moment and accept(r)), None),
                 ttl * 3 + 20,
@@ -205,7 +231,10 @@ def run_celery_demo(
                 f"broker: {mask_url(broker) if broker else 'filesystem (no server)'}; "
                 f"lease store: {mask_url(store_url)}; ttl {ttl:g} s"
             )
-            say(f"starting {nodes} workers and a beat (LeaderScheduler, a tick every 0.5 s)")
+            say(
+                f"starting {nodes} workers and a beat "
+                f"(LeaderScheduler, a tick every {TICK_SECONDS:g} s)"
+            )
             for name in names:
                 procs.worker(name)
             procs.start("beat", "beat", "-s", str(workdir / "beat-schedule"), "-l", "info")
@@ -232,7 +261,7 @@ def run_celery_demo(
             return result
         try:
             say(f"SIGKILL {result.first_leader}: its lease must run out before anyone else leads")
-            killed_at = time.monotonic()
+            killed_at = clock.now()
             procs.kill(result.first_leader)
             second = first_run_after(
                 killed_at, lambda r: not r["worker"].startswith(result.first_leader + "@")
@@ -244,43 +273,60 @@ def run_celery_demo(
                 f"failover: {result.failover_leader} ran the leader task "
                 f"{result.failover_seconds:.2f} s after the kill (token {result.failover_token})"
             )
-            procs.worker(f"{result.first_leader}b")
+            restarted = f"{result.first_leader}b"
+            say(
+                f"restarting {result.first_leader} as {restarted}: a new worker, it joins "
+                f"as a follower of {result.failover_leader}"
+            )
+            procs.worker(restarted)
             watch_until(lambda rows: None, lead_for) if lead_for > 0 else None
         except TimeoutError:
             pass
         try:
             say(f"celery leader step-down: {result.failover_leader} stops leader work and releases")
-            asked_at = time.monotonic()
+            asked_at = clock.now()
             stepping_down = subprocess.Popen(  # noqa: S603 - our interpreter, our module
                 [sys.executable, "-m", "celery", "-A", APP, "leader", "step-down"],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            deadline = time.monotonic() + ttl * 3 + 20
-            while time.monotonic() < deadline:
-                holder = leader_now()
-                if holder and holder[1] > result.failover_token:
-                    result.handover_elected_seconds = time.monotonic() - asked_at
-                    say(
-                        f"{holder[0]} holds the lease {result.handover_elected_seconds:.2f} s "
-                        "after the request"
-                    )
-                    break
-                time.sleep(0.01)
-            stepping_down.wait(60)
+
+            def term_event(event: str, accept: Callable[[dict[str, Any]], bool]) -> Any:
+                """The first ``terms.jsonl`` row of *event* that *accept* takes, or None."""
+                return next(
+                    (t for t in _rows(terms_file) if t["event"] == event and accept(t)), None
+                )
+
+            released = watch_until(
+                lambda rows: term_event("released", lambda t: t["token"] == result.failover_token),
+                ttl * 3 + 20,
+            )
+            say(
+                f"{result.failover_leader} released the lease {released['at'] - asked_at:.2f} s "
+                "after the request (which starts a `celery leader step-down` process)"
+            )
             third = first_run_after(asked_at, lambda r: r["token"] > result.failover_token)
+            stepping_down.wait(60)
             result.handover_leader = third["worker"].split("@")[0]
             result.handover_token = third["token"]
-            result.handover_seconds = third["at"] - asked_at
+            result.handover_seconds = third["at"] - released["at"]
+            result.handover_request_seconds = third["at"] - asked_at
+            elected = term_event("elected", lambda t: t["token"] == result.handover_token)
+            if elected is not None:
+                say(
+                    f"{result.handover_leader} holds the lease "
+                    f"{elected['at'] - released['at']:.2f} s after the release"
+                )
             say(
                 f"handover: {result.handover_leader} ran the leader task "
-                f"{result.handover_seconds:.2f} s after the step-down request"
+                f"{result.handover_seconds:.2f} s after the release "
+                f"({result.handover_request_seconds:.2f} s after the step-down request)"
             )
         except TimeoutError:
             pass
         finally:
-            result.runs = Counter(r["worker"].split("@")[0] for r in _runs(runs_file))
+            result.runs = Counter(r["worker"].split("@")[0] for r in _rows(runs_file))
             procs.stop_all()
             lease_store.close()
     out(summary(result, ttl))
@@ -298,11 +344,11 @@ def summary(result: CeleryDemoResult, ttl: float) -> str:
             f"  failover (SIGKILL)   {result.failover_leader:<10} token {result.failover_token}"
             f"   {result.failover_seconds:.2f} s (ttl {ttl:g} s)",
             f"  handover (step-down) {result.handover_leader:<10} token {result.handover_token}"
-            f"   {result.handover_seconds:.2f} s (lease held after "
-            f"{result.handover_elected_seconds:.2f} s)",
+            f"   {result.handover_seconds:.2f} s from the release",
+            f"{'':<34}({result.handover_request_seconds:.2f} s from the step-down request, "
+            "which starts a process)",
             f"  tokens increased: {rising}",
-            "  (the filesystem broker is polled: with Redis or RabbitMQ a new leader takes",
-            "   leader work within milliseconds of holding the lease)",
+            *([FILESYSTEM_FOOTNOTE] if result.filesystem_broker else []),
             "  leader task runs per worker: "
             + ", ".join(f"{name} {count}" for name, count in sorted(result.runs.items())),
         ]

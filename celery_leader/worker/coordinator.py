@@ -55,7 +55,11 @@ from celery_leader.term_end import (
 )
 from celery_leader.worker.dispatch import SerialDispatcher
 from celery_leader.worker.eta import held_for_eta
-from celery_leader.worker.redis_wakeup import wake_redis_consumer
+from celery_leader.worker.wakeup import (
+    can_wake_blocking_loop,
+    wake_blocking_loop,
+    wake_redis_consumer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -297,6 +301,7 @@ class Coordinator:
                 self.watchdog.restart()
             self.shared.publish(token, event.term.valid_until)
             self.post(self.sync_consumption)
+            self._wake_loop()
             self._send(signals.leader_elected, token=token)
             self._send_event("leader-elected", token=token)
         elif event.kind is EventKind.RENEWED:
@@ -310,6 +315,12 @@ class Coordinator:
             else:
                 self._send(signals.leader_released, token=token)
                 self._send_event("leader-released", token=token)
+
+    def _wake_loop(self) -> None:
+        """Have a blocking consumer loop run what was just posted now, not in up to 2 s."""
+        consumer = self.consumer
+        if can_wake_blocking_loop(consumer):
+            wake_blocking_loop(consumer.app, self.nodename)
 
     def _send_event(self, kind: str, **fields: Any) -> None:
         """Send a Celery event of *kind*, from the loop thread, when the worker sends events.
@@ -359,6 +370,7 @@ class Coordinator:
             self.hand_back_waiting(token)
         else:
             self.post(lambda: self.hand_back_waiting(token))
+            self._wake_loop()
 
     def leader_runs(self, token: int) -> list[Any]:
         """Leader runs of term *token* (or older) that the parent saw start and not yet end."""
