@@ -60,12 +60,11 @@ import signal
 import threading
 import time
 from dataclasses import replace
-from datetime import datetime, timezone
 from typing import Any
 
 from celery.utils.imports import load_extension_class_names, symbol_by_name
 
-from celery_leader.beat_state import ScheduleState, state_of
+from celery_leader.beat_state import ScheduleState, schedule_time, state_of
 from celery_leader.exceptions import ConfigurationError, StoreError
 from celery_leader.lease import LeaseManager
 from celery_leader.settings import (
@@ -112,22 +111,27 @@ class BeatElection:
             liveness=self.is_live,
             release_guard=self.no_publish_in_flight,
         )
-        if settings.metrics.enabled:
-            from celery_leader.metrics import enable_metrics  # noqa: PLC0415 - optional extra
-
-            enable_metrics(settings.metrics, self.manager)
-        if settings.metrics.port is not None:
-            self._serve(settings)
         self._last_tick = time.monotonic()
         self._publish_failed_at: float | None = None
         #: When the publish now in flight began (monotonic), or None.
         self._publishing_since: float | None = None
+        #: True while Celery connects to the broker for this beat (it may retry for minutes).
+        self.connecting = False
+        #: When this beat began taking a term over (reading a long schedule), or None.
+        self.taking_over_since: float | None = None
         # Beat's loop sleeps up to MAX_TICK between ticks; allow a few missed.
         self._tick_window = max(2 * settings.timing.renew_interval, 4 * MAX_TICK)
         self.marks: dict[str, dict[str, Any]] = {}
+        #: The token of the term this beat took over as leader (marks read, entries anchored).
         self.seen_token: int | None = None
         self._started = False
         self._lock = threading.Lock()
+        if settings.metrics.enabled:
+            from celery_leader.metrics import enable_metrics  # noqa: PLC0415 - optional extra
+
+            enable_metrics(settings.metrics, self.manager)
+        if settings.metrics.port is not None:  # last: a probe may come at once
+            self._serve(settings)
 
     def _serve(self, settings: LeaderSettings) -> None:
         """``/metrics`` and ``/healthz`` of this beat on ``leader_beat_metrics_port``."""
@@ -190,13 +194,17 @@ class BeatElection:
         longer than that makes the beat not live, and it hands over.
         """
         now = time.monotonic()
-        since = self._publishing_since
-        if since is not None and now - since <= self.settings.timing.ttl:
-            return True
+        for since in (self._publishing_since, self.taking_over_since):
+            if since is not None and now - since <= self.settings.timing.ttl:
+                return True
         if now - self._last_tick > self._tick_window:
             return False
         failed_at = self._publish_failed_at
         return failed_at is None or now - failed_at > self.settings.timing.ttl
+
+    def waiting_on_broker(self) -> bool:
+        """True while beat connects to the broker or a publish is in flight."""
+        return self.connecting or self._publishing_since is not None
 
     def no_publish_in_flight(self, term: Any) -> bool:
         """The release guard: never hand the lease over while a send may still land.
@@ -210,13 +218,13 @@ class BeatElection:
         """The beat term's token while leading with validity left, else None."""
         return self.manager.current_token()
 
-    def refresh_marks(self) -> None:
-        """Load every entry's last send from the store."""
+    def refresh_marks(self) -> bool:
+        """Load every entry's last send from the store; False when it could not be read."""
         try:
             raw = self.store.get_state(self.settings.name)
         except StoreError as exc:
             logger.warning("celery-leader beat: could not read last sends: %s", exc)
-            return
+            return False
         marks = {}
         for key, value in raw.items():
             try:
@@ -224,6 +232,12 @@ class BeatElection:
             except ValueError:
                 continue
         self.marks = marks
+        return True
+
+    def leading(self) -> int | None:
+        """The token to send under now: this beat leads and took the term over, else None."""
+        token = self.token()
+        return token if token is not None and token == self.seen_token else None
 
     def mark_sent(self, entry_name: str, token: int, sent_at: float) -> bool:
         """Record that *entry_name* was published at *sent_at* under *token*.
@@ -248,7 +262,7 @@ def _slot_already_sent(entry: Any, mark: dict[str, Any] | None) -> bool:
     """True when the last send (*mark*) already covers the slot *entry* is due for now."""
     if not mark:
         return False
-    last = datetime.fromtimestamp(float(mark["at"]), tz=timezone.utc)
+    last = schedule_time(entry, float(mark["at"]))
     remaining = entry.schedule.remaining_estimate(last).total_seconds()
     elapsed = max(0.0, time.time() - float(mark["at"]))
     return bool(remaining > SLOT_TOLERANCE * (remaining + elapsed))
@@ -256,7 +270,7 @@ def _slot_already_sent(entry: Any, mark: dict[str, Any] | None) -> bool:
 
 def _slot_missed(entry: Any, last_sent: float) -> bool:
     """True when at least one slot passed since the last send (unix time *last_sent*)."""
-    last = datetime.fromtimestamp(last_sent, tz=timezone.utc)
+    last = schedule_time(entry, last_sent)
     return bool(entry.schedule.remaining_estimate(last).total_seconds() <= 0)
 
 
@@ -309,10 +323,29 @@ class LeaderSchedulerMixin:
         )
 
     def close(self) -> None:
-        """Stop sending, release beat's lease, then close the wrapped scheduler."""
-        if self._leader_election is not None:
-            self._leader_election.stop()
+        """Save the leader's runs, release beat's lease, then close the wrapped scheduler.
+
+        Saved before the release: the next leader then reads them, instead
+        of a save landing over its own later.
+        """
+        election = self._leader_election
+        if election is not None:
+            if election.leading() is not None:
+                try:
+                    self.sync()  # type: ignore[attr-defined]
+                except Exception:
+                    logger.exception("celery-leader beat: could not save the schedule")
+            election.stop()
         super().close()  # type: ignore[misc]
+
+    def _ensure_connected(self, *args: Any, **kwargs: Any) -> Any:
+        """Celery's broker connection for beat, which may retry for minutes: say so meanwhile."""
+        election = self._election()
+        election.connecting = True
+        try:
+            return super()._ensure_connected(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            election.connecting = False
 
     # -- ticking --------------------------------------------------------------
 
@@ -322,68 +355,94 @@ class LeaderSchedulerMixin:
         election.start()
         election.ticked()
         token = election.token()
+        if token is None and election.seen_token is not None:
+            # The term ended: what this beat had not saved is older than what the
+            # next leader saves.
+            election.seen_token = None
+            self._leader_state.forget_unsaved(self)
         if token is not None and token != election.seen_token:
+            # Reading a long schedule is work, not a stuck loop (for one ttl at most).
+            election.taking_over_since = time.monotonic()
+            try:
+                if not self._on_elected(token):
+                    return STANDBY_TICK  # nothing sent before the last sends are known: retry
+            finally:
+                election.taking_over_since = None
+                election.ticked()
             election.seen_token = token
-            self._on_elected(token)
         if token is None and self._leader_mode == "idle":
             return STANDBY_TICK
         interval = super().tick(*args, **kwargs)  # type: ignore[misc]
         cap = MAX_TICK if token is not None else STANDBY_TICK
         return float(min(interval, cap)) if interval else float(interval or 0)
 
-    def _on_elected(self, token: int) -> None:
+    def _on_elected(self, token: int) -> bool:
         """Count every entry from the previous leaders' last send, by the missed policy.
 
         A slot that passed while nobody led is then due: the next tick sends
         it once (the scheduler's own checks, such as a one-off entry already
         run, still apply), or, under ``"skip"``, the entry counts from now.
+        False when the last sends could not be read: nothing is sent until
+        they are.
         """
-        logger.info("celery-leader beat: this beat sends now (token %d)", token)
         election = self._election()
-        election.refresh_marks()
+        if not election.refresh_marks():
+            return False
+        logger.info("celery-leader beat: this beat sends now (token %d)", token)
         state = self._leader_state
         state.reload(self)
         if not state.uses_marks:
-            return  # the scheduler's shared state already holds every leader's sends
-        for entry in list(self.schedule.values()):  # type: ignore[attr-defined]
-            last_sent = self._last_sent(entry)
-            if last_sent is None:
-                continue  # never sent under a lease: the scheduler's own record stands
-            state.note_sent(self, entry, last_sent)
-            if _slot_missed(entry, last_sent):
-                if self._leader_beat.missed_policy(entry.name) == "skip":
-                    logger.info("celery-leader beat: %s missed a slot; skipped", entry.name)
-                    if self._leader_mode != "reserve":  # a reserving standby already moved on
-                        state.anchor(self, entry, time.time())
-                    continue
-                logger.info("celery-leader beat: %s missed a slot; sending it once", entry.name)
-            # Carry on from the last send, not from this beat's own record of
-            # the entry (a standby's, which may lie almost a period later, or a
-            # database's, which may be minutes old).
-            state.anchor(self, entry, last_sent)
-
-    def _last_sent(self, entry: Any) -> float | None:
-        """When *entry* was last sent by any leader (unix time), or None if never under a lease."""
-        mark = self._election().marks.get(entry.name)
-        if mark is None:
-            return None
-        last_sent = float(mark["at"])
+            return True  # the scheduler's shared state already holds every leader's sends
+        entries = list(self.schedule.values())  # type: ignore[attr-defined]
+        marks = {
+            entry.name: float(election.marks[entry.name]["at"])
+            for entry in entries
+            if entry.name in election.marks
+        }
         try:
-            shared = self._leader_state.last_run(self, entry)
+            last_sent = state.last_sent(self, marks)
         except Exception as exc:  # noqa: BLE001 - a database hiccup must not stop beat
             logger.warning(
-                "celery-leader beat: could not read %s's last run (%s); counting from the "
-                "lease store's record",
-                entry.name,
+                "celery-leader beat: could not read the schedule's last runs (%s); counting "
+                "from the lease store's record",
                 exc,
             )
-            shared = None
-        return last_sent if shared is None else max(last_sent, shared)
+            last_sent = marks
+        for entry in entries:
+            if entry.name in last_sent:
+                try:
+                    self._take_over(entry, last_sent[entry.name])
+                except Exception:
+                    logger.exception("celery-leader beat: could not take %s over", entry.name)
+        self._save_anchors()
+        return True
+
+    def _save_anchors(self) -> None:
+        try:
+            self._leader_state.save_anchors(self)
+        except Exception as exc:  # noqa: BLE001 - the scheduler's own sync tries again
+            logger.warning("celery-leader beat: could not save the re-anchored entries: %s", exc)
+
+    def _take_over(self, entry: Any, last_sent: float) -> None:
+        """Count *entry* from *last_sent*, or from now if it missed a slot under ``"skip"``."""
+        state = self._leader_state
+        state.note_sent(self, entry, last_sent)
+        if _slot_missed(entry, last_sent):
+            if self._leader_beat.missed_policy(entry.name) == "skip":
+                logger.info("celery-leader beat: %s missed a slot; skipped", entry.name)
+                if self._leader_mode != "reserve":  # a reserving standby already moved on
+                    state.anchor(self, entry, time.time())
+                return
+            logger.info("celery-leader beat: %s missed a slot; sending it once", entry.name)
+        # Carry on from the last send, not from this beat's own record of the
+        # entry (a standby's, which may lie almost a period later, or a
+        # database's, which may be minutes old).
+        state.anchor(self, entry, last_sent)
 
     def apply_entry(self, entry: Any, producer: Any = None) -> None:
         """Send when leading and the slot is not sent yet; a standby only keeps in step."""
         election = self._election()
-        if election.token() is None:
+        if election.leading() is None:
             logger.debug("celery-leader beat: standby, not sending %s", entry.name)
             return
         mark = election.marks.get(entry.name)
@@ -395,6 +454,7 @@ class LeaderSchedulerMixin:
                 entry.name,
             )
             self._leader_state.anchor(self, entry, float(mark["at"]))
+            self._save_anchors()
             return
         super().apply_entry(entry, producer=producer)  # type: ignore[misc]
 
@@ -403,7 +463,7 @@ class LeaderSchedulerMixin:
     ) -> Any:
         """Send *entry* if this beat leads now (apply_entry has checked the slot)."""
         election = self._election()
-        token = election.token()
+        token = election.leading()
         if token is None:
             return self.reserve(entry) if advance and self._leader_mode == "reserve" else None  # type: ignore[attr-defined]
         if advance:
@@ -441,7 +501,7 @@ def _standby_mode(conf: Any, beat: BeatSettings, wrapped: type, state: ScheduleS
     """The standby mode to run: ``auto`` resolved; ``reserve`` refused for shared state."""
     mode = beat.standby
     if mode == "auto":
-        return "idle" if state.shared else "reserve"
+        return state.auto_mode
     if mode == "reserve" and state.shared:
         raise StartupConfigurationError(
             f"celery-leader: {spelled(conf, 'leader_beat_standby')}='reserve' is not allowed "

@@ -16,17 +16,32 @@ slot. Schedulers keep that time in different places:
   At takeover the leader re-reads the database, then counts each entry from
   the later of the database's ``last_run_at`` and the send mark, and saves
   that. Standbys must not tick, or they would write it.
+* **anywhere else** (a scheduler this module does not know): treated as
+  shared, so ``auto`` keeps its standbys idle, and re-anchored on the marks
+  in memory (its ``last_run_at``), as for a local one.
 
 This module is the one place that knows these families. The beat logic in
-:mod:`celery_leader.beat` asks it to reload, to read an entry's shared last
-run, and to re-anchor an entry, and never touches a scheduler's private state
-itself.
+:mod:`celery_leader.beat` asks it to reload, to combine the marks with the
+scheduler's own record, to re-anchor an entry and to drop what a former
+leader had not saved, and never touches a scheduler's private state itself.
+Times given to a schedule are in the schedule's own time zone: Celery
+before 5.7 matches crontab fields in the zone of the time it is given.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
+
+#: Names per database query when reading many entries' last runs.
+_QUERY_CHUNK = 500
+
+
+def schedule_time(entry: Any, unix_time: float) -> dt.datetime:
+    """*unix_time* as an aware datetime in the time zone of *entry*'s schedule."""
+    zone = getattr(getattr(entry, "schedule", None), "tz", None) or dt.timezone.utc
+    return dt.datetime.fromtimestamp(unix_time, tz=zone)
 
 
 class ScheduleState:
@@ -34,32 +49,49 @@ class ScheduleState:
 
     #: Several beats share the entries' state: a standby that ticks would advance it.
     shared = False
+    #: What ``leader_beat_standby = "auto"`` picks.
+    auto_mode = "reserve"
     #: A new leader re-anchors entries on the lease store's send marks.
     uses_marks = True
 
     def reload(self, scheduler: Any) -> None:
         """Take the entries afresh from where the scheduler keeps them (at takeover)."""
 
-    def last_run(self, scheduler: Any, entry: Any) -> float | None:
-        """The entry's last run (unix time) as shared storage records it, or None."""
-        return None
+    def last_sent(self, scheduler: Any, marks: Mapping[str, float]) -> dict[str, float]:
+        """For each entry name with a mark (unix time), when to count it from.
+
+        An entry left out of the answer is counted as the scheduler has it.
+        Here the marks are the only record of another beat's sends.
+        """
+        return dict(marks)
 
     def note_sent(self, scheduler: Any, entry: Any, sent_at: float) -> None:
         """Record that a leader sent *entry* at *sent_at*, where the scheduler counts runs."""
 
     def anchor(self, scheduler: Any, entry: Any, sent_at: float) -> None:
         """Count *entry*'s schedule from a send at *sent_at* (unix time)."""
-        when = dt.datetime.fromtimestamp(sent_at, tz=dt.timezone.utc)
-        schedule = scheduler.schedule
-        current = schedule.get(entry.name, entry)
-        schedule[entry.name] = current._next_instance(last_run_at=when)
+        current = scheduler.schedule.get(entry.name, entry)
+        current.last_run_at = schedule_time(current, sent_at)
         scheduler._heap = None  # Celery rebuilds its heap from the schedule on the next tick
+
+    def forget_unsaved(self, scheduler: Any) -> None:
+        """Beat stopped leading: drop run times it has not saved to shared storage yet."""
+
+    def save_anchors(self, scheduler: Any) -> None:
+        """Save what :meth:`anchor` and :meth:`note_sent` changed, where shared storage keeps it."""
+
+
+class UnknownState(ScheduleState):
+    """A scheduler of unknown storage: its standbys stay idle unless told otherwise."""
+
+    auto_mode = "idle"
 
 
 class RedBeatState(ScheduleState):
     """RedBeat: entries and their last run in Redis, saved when the leader reserves them."""
 
     shared = True
+    auto_mode = "idle"
     uses_marks = False
 
 
@@ -67,30 +99,44 @@ class DjangoDatabaseState(ScheduleState):
     """django-celery-beat's ``DatabaseScheduler``: entries in a database table.
 
     Assumes the attributes django-celery-beat has had since 2.5
-    (``_initial_read``, ``_dirty``, ``ModelEntry.model``, ``_default_now``).
+    (``_initial_read``, ``_schedule``, ``_dirty``, ``Model``, ``ModelEntry.model``,
+    ``_default_now``).
     """
 
     shared = True
+    auto_mode = "idle"
 
     def reload(self, scheduler: Any) -> None:
         """Re-read the table on the next access to ``schedule`` (after writing our own runs)."""
         scheduler._initial_read = True
         scheduler._heap = None
 
-    def last_run(self, scheduler: Any, entry: Any) -> float | None:
-        """``last_run_at`` as the table holds it (an entry made without one fills in "now")."""
-        model = entry.model
-        stored = (
-            type(model)
-            ._default_manager.filter(pk=model.pk)
-            .values_list("last_run_at", flat=True)
-            .first()
-        )
-        if stored is None:
-            return None
-        if stored.tzinfo is None:  # django-celery-beat reads naive times as UTC
-            stored = stored.replace(tzinfo=dt.timezone.utc)
-        return float(stored.timestamp())
+    def last_sent(self, scheduler: Any, marks: Mapping[str, float]) -> dict[str, float]:
+        """The later of the mark and the table's ``last_run_at``, read in a few queries.
+
+        A mark older than the row's last change, on a row with no
+        ``last_run_at`` (django-celery-beat clears it when an entry is
+        disabled; a deleted and re-created entry has none), belongs to an
+        earlier life of the entry: the entry counts as the table has it.
+        """
+        names = list(marks)
+        rows: list[tuple[str, dt.datetime | None, dt.datetime | None]] = []
+        manager = scheduler.Model._default_manager
+        for start in range(0, len(names), _QUERY_CHUNK):
+            chunk = names[start : start + _QUERY_CHUNK]
+            rows += manager.filter(name__in=chunk).values_list(
+                "name", "last_run_at", "date_changed"
+            )
+        last_sent: dict[str, float] = {}
+        for name, last_run_at, date_changed in rows:
+            mark = marks[name]
+            if last_run_at is None:
+                if date_changed is not None and _unix(date_changed) > mark:
+                    continue
+                last_sent[name] = mark
+            else:
+                last_sent[name] = max(mark, _unix(last_run_at))
+        return last_sent
 
     def note_sent(self, scheduler: Any, entry: Any, sent_at: float) -> None:
         """A one-off entry that a leader sent has run, though the table may not say so yet.
@@ -100,28 +146,76 @@ class DjangoDatabaseState(ScheduleState):
         new leader would send a one-off task a second time. A one-off entry
         changed after that send (re-enabled in the admin) is left alone.
         """
-        current = scheduler.schedule.get(entry.name, entry)
+        current = self._entry(scheduler, entry)
         model = current.model
         changed = model.date_changed
         if not model.one_off or model.total_run_count:
             return
-        if changed is not None and changed.timestamp() > sent_at:
+        if changed is not None and _unix(changed) > sent_at:
             return
         model.total_run_count = 1
         current.total_run_count = 1
-        scheduler._dirty.add(entry.name)
+        self._changed(scheduler)[entry.name] = model
 
     def anchor(self, scheduler: Any, entry: Any, sent_at: float) -> None:
         """Set the entry's ``last_run_at`` to *sent_at*; the scheduler's next sync saves it."""
-        now = entry._default_now()
-        when = dt.datetime.fromtimestamp(sent_at, tz=dt.timezone.utc)
+        current = self._entry(scheduler, entry)
+        now = current._default_now()
+        when = schedule_time(current, sent_at)
         # The same kind of datetime the entry makes itself: aware in its zone, or naive UTC.
-        when = when.astimezone(now.tzinfo) if now.tzinfo else when.replace(tzinfo=None)
-        current = scheduler.schedule.get(entry.name, entry)
+        if now.tzinfo is None:
+            when = when.astimezone(dt.timezone.utc).replace(tzinfo=None)
         current.model.last_run_at = when
         current.last_run_at = when
-        scheduler._dirty.add(entry.name)
+        self._changed(scheduler)[entry.name] = current.model
         scheduler._heap = None
+
+    def save_anchors(self, scheduler: Any) -> None:
+        """Write the changed rows in a few bulk updates, not one save per row.
+
+        django-celery-beat's own sync saves row by row (several queries
+        each): thousands of re-anchored entries would hold beat's loop for
+        seconds. Like that sync, it writes only ``last_run_at`` and
+        ``total_run_count``, and signals no schedule change. Rows it could
+        not write are left to that sync.
+        """
+        changed = self._changed(scheduler)
+        if not changed:
+            return
+        models = list(changed.values())
+        changed.clear()
+        try:
+            scheduler.Model._default_manager.bulk_update(
+                models, ["last_run_at", "total_run_count"], batch_size=_QUERY_CHUNK
+            )
+        except Exception:
+            scheduler._dirty.update(model.name for model in models)
+            raise
+
+    def forget_unsaved(self, scheduler: Any) -> None:
+        """Drop the runs not yet synced: the new leader's would be overwritten with older ones."""
+        scheduler._dirty.clear()
+        self._changed(scheduler).clear()
+
+    @staticmethod
+    def _changed(scheduler: Any) -> dict[str, Any]:
+        """The rows this module changed on *scheduler* and has not saved yet, by entry name."""
+        changed: dict[str, Any] = scheduler.__dict__.setdefault("_celery_leader_changed", {})
+        return changed
+
+    @staticmethod
+    def _entry(scheduler: Any, entry: Any) -> Any:
+        # The loaded schedule itself: the ``schedule`` property would ask the
+        # database whether anything changed, once per entry.
+        loaded = getattr(scheduler, "_schedule", None) or {}
+        return loaded.get(entry.name, entry)
+
+
+def _unix(when: dt.datetime) -> float:
+    """A datetime from the table as unix time (naive means UTC, as django-celery-beat reads it)."""
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return float(when.timestamp())
 
 
 #: Scheduler families by the module their classes come from.
@@ -129,6 +223,8 @@ _FAMILIES: tuple[tuple[str, ScheduleState], ...] = (
     ("redbeat", RedBeatState()),
     ("django_celery_beat", DjangoDatabaseState()),
 )
+#: Celery's own schedulers, whose entries live in the beat process.
+_LOCAL = ("celery.beat.Scheduler", "celery.beat.PersistentScheduler")
 
 
 def state_of(scheduler_class: type) -> ScheduleState:
@@ -137,4 +233,10 @@ def state_of(scheduler_class: type) -> ScheduleState:
         for module, state in _FAMILIES:
             if cls.__module__ == module or cls.__module__.startswith(f"{module}."):
                 return state
-    return ScheduleState()
+    # A subclass of PersistentScheduler keeps its state as that does; a subclass of
+    # the base Scheduler may keep it anywhere.
+    names = {f"{cls.__module__}.{cls.__qualname__}" for cls in scheduler_class.__mro__}
+    own = f"{scheduler_class.__module__}.{scheduler_class.__qualname__}"
+    if "celery.beat.PersistentScheduler" in names or own in _LOCAL:
+        return ScheduleState()
+    return UnknownState()

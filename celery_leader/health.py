@@ -13,7 +13,8 @@ restart helps:
   its tasks).
 * **unhealthy** (503): the lease thread died, or the consumer's loop (beat's
   loop, for beat) has not turned for ``leader_health_stuck_after`` seconds
-  (default 60) with no task holding it.
+  (default 60) with no task holding it. Beat's loop waiting on the broker
+  (connecting, or a publish in flight) counts as reconnecting, not stuck.
 
 The verdict reads the process's own state only; it makes no store or
 broker call, so a probe never waits on either.
@@ -79,6 +80,8 @@ def beat_verdict(election: Any, stuck_after: float) -> Verdict:
         return Verdict(True, "starting", detail)
     if not manager.running:
         return Verdict(False, "lease-thread-dead", detail)
+    if election.waiting_on_broker():  # Celery retries the broker inside beat's loop
+        return Verdict(True, "reconnecting", detail)
     if election.loop_age() > stuck_after:
         return Verdict(False, "loop-stuck", detail)
     return Verdict(True, "ok", detail)
