@@ -231,3 +231,50 @@ def test_a_publish_in_flight_keeps_beat_live_for_one_ttl_and_its_lease_unrelease
     assert election.no_publish_in_flight(None) is False, "but never release mid-send"
     election.published(ok=True)
     assert election.no_publish_in_flight(None) is True
+
+
+@pytest.mark.compat
+def test_a_daily_crontab_sent_today_is_not_due_again_after_takeover(tmp_path, redis_server):
+    """Outside UTC, the takeover hands the schedule its own zone's time.
+
+    Celery before 5.7 matches crontab fields in whatever zone the last run is
+    given in: an anchor in UTC would make a daily entry, sent minutes ago in
+    Europe/Berlin, due again within hours.
+    """
+    from zoneinfo import ZoneInfo
+
+    from celery.schedules import crontab
+
+    zone = "Europe/Berlin"
+    slot = (datetime.now(ZoneInfo(zone)) - timedelta(minutes=2)).replace(second=0, microsecond=0)
+    main = f"b{uuid.uuid4().hex[:10]}"
+    app = Celery(main, broker="memory://")
+    app.conf.update(
+        timezone=zone,
+        leader_backend_url=redis_server.url,
+        leader_lease_ttl=1.0,
+        task_default_queue=f"{main}.default",
+        beat_schedule={
+            "daily": {
+                "task": f"{main}.daily",
+                "schedule": crontab(minute=slot.minute, hour=slot.hour),
+            }
+        },
+    )
+    store = open_store(redis_server.url, timeout=1)
+    holder = Holder.for_this_process("earlier-beat")
+    assert store.acquire(f"{main}.beat", holder, 1.0).acquired
+    mark = json.dumps({"at": slot.timestamp(), "token": 1})
+    assert store.set_state(f"{main}.beat", holder.lease_id, "daily", mark)
+    assert store.release(f"{main}.beat", holder.lease_id)
+    store.close()
+    sched = LeaderScheduler(app=app, schedule_filename=str(tmp_path / main), lazy=False)
+    try:
+        assert sched._election().manager.wait_for_leadership(5)
+        sched.tick()
+        assert sent(app) == []
+        due, next_in = sched.schedule["daily"].is_due()
+        assert not due
+        assert next_in > 12 * 3600, f"due again in {next_in / 3600:.1f} h"
+    finally:
+        sched.close()
