@@ -117,7 +117,17 @@ class LeaderConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
         if coordinator is None:
             return
         interval = max(0.05, coordinator.settings.timing.renew_interval / 3)
-        self._ticker = c.timer.call_repeatedly(interval, coordinator.tick)
+        if getattr(c, "hub", None) is None:
+            # Celery's blocking loop (gevent, eventlet, or a transport without
+            # asynchronous I/O): its timer runs apart from the loop (a greenlet
+            # or a thread), so the tick is handed to the loop, which runs it
+            # between two drain_events calls: a stuck loop then stops ticking.
+            def tick_through_the_loop() -> None:
+                c.call_soon(coordinator.tick)
+
+            self._ticker = c.timer.call_repeatedly(interval, tick_through_the_loop)
+        else:
+            self._ticker = c.timer.call_repeatedly(interval, coordinator.tick)
         coordinator.attach(c)
 
     def stop(self, c: Any) -> None:

@@ -63,6 +63,8 @@ from celery_leader.worker.wakeup import (
 
 logger = logging.getLogger(__name__)
 
+#: The longest an idle blocking consumer loop (Celery's synloop) waits between turns, seconds.
+BLOCKING_LOOP_TURN = 2.0
 #: How long the release waits for killed runs to be gone, in seconds.
 KILL_SETTLE = 1.0
 
@@ -184,6 +186,9 @@ class Coordinator:
     def attach(self, consumer: Any) -> None:
         """The consumer (re)started: start competing, and match consumption to the lease."""
         self.consumer = consumer
+        if getattr(consumer, "hub", None) is None:
+            # Celery's blocking loop turns once per drain_events (up to 2 s) when idle.
+            self._liveness_window = max(self._liveness_window, BLOCKING_LOOP_TURN + 1.0)
         self.tick()
         if not self._started:
             self._started = True

@@ -251,6 +251,18 @@ if os.environ.get("LEADER_HEALTH_STUCK_AFTER"):
 
 
 @control_command()
+def block_loop_soon(state, seconds=5.0, **kwargs):
+    """Test-only: block the consumer's own loop, whatever runs remote control.
+
+    gevent and eventlet read remote control on a loop of its own, so
+    block_loop would not hold their consumer's loop; this posts the block
+    onto it (a cooperative sleep there holds that loop and nothing else).
+    """
+    state.consumer.call_soon(lambda: time.sleep(float(seconds)))
+    return {"ok": "posted"}
+
+
+@control_command()
 def stop_lease_thread(state, **kwargs):
     """Test-only: end the worker's lease thread, as a crash of that thread would."""
     from celery_leader.worker.coordinator import current_coordinator

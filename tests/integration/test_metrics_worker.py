@@ -163,6 +163,21 @@ def test_healthz_fails_on_a_stuck_loop_and_a_dead_lease_thread(cluster_for):
     assert dead[1]["status"] == "lease-thread-dead"
 
 
+def test_a_stuck_gevent_consumer_loop_is_seen_though_its_timer_runs_on(cluster_for):
+    """gevent's timer is a greenlet apart from the consumer's loop: the tick goes through it."""
+    cluster = cluster_for("redis")
+    cluster.env["LEADER_HEALTH_STUCK_AFTER"] = "3"
+    worker, port = start_with_port(cluster, pool="gevent")
+    cluster.leader_worker()
+    cluster.client.control.broadcast(
+        "block_loop_soon", arguments={"seconds": 8}, destination=[worker.nodename], reply=False
+    )
+    stuck = wait_for(lambda: health(port)[0] == 503 and health(port), 8, "503 while stuck")
+    assert stuck[1]["status"] == "loop-stuck"
+    wait_for(lambda: "not-live" in worker.text(), 5, "the stuck worker gave the lease up")
+    wait_for(lambda: health(port)[0] == 200, 15, "200 once the loop turns again")
+
+
 def test_healthz_stays_200_while_the_broker_is_gone(cluster_for):
     """Celery reconnecting to a dead broker is not a stuck worker: a restart would not help."""
     cluster = cluster_for("redis")
@@ -190,7 +205,8 @@ def test_healthz_stays_200_while_the_broker_is_gone(cluster_for):
 def test_healthz_stays_200_while_solo_and_gevent_workers_run_a_long_task(cluster_for):
     """A long task holds a solo worker's loop by design, and keeps a gevent worker busy: 200."""
     cluster = cluster_for("redis")
-    cluster.env["LEADER_HEALTH_STUCK_AFTER"] = "1.5"
+    # Above the 2 s an idle gevent loop may wait between two turns.
+    cluster.env["LEADER_HEALTH_STUCK_AFTER"] = "3"
     solo, solo_port = start_with_port(cluster, pool="solo")
     _, green_port = start_with_port(cluster, pool="gevent")
     for _ in range(2):  # one long task on each worker in turn, whichever leads first
