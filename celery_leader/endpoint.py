@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -81,6 +82,7 @@ class Endpoint:
     """``/metrics`` and ``/healthz`` served on *address*:*port* from a daemon thread."""
 
     def __init__(self, address: str, port: int, health: HealthSource) -> None:
+        self.pid = os.getpid()
         self.server = _Server((address, port), _Handler)
         self.server.health = health
         self.thread = threading.Thread(
@@ -103,6 +105,10 @@ def serve(address: str, port: int, health: HealthSource) -> Endpoint:
     """Serve on *address*:*port* (once per process); raises OSError when the port is taken."""
     with _lock:
         endpoint = _served.get((address, port))
+        if endpoint is not None and endpoint.pid != os.getpid():
+            # Inherited through a fork (an embedded beat): its thread stayed in the
+            # parent, which holds the port; binding it here says so.
+            endpoint = None
         if endpoint is None:
             endpoint = Endpoint(address, port, health)
             _served[(address, port)] = endpoint

@@ -73,15 +73,29 @@ def leader_worker(
     from celery_leader import LeaderElection  # noqa: PLC0415 - keep plugin import light
     from celery_leader.worker.coordinator import current_coordinator  # noqa: PLC0415
 
-    if LeaderElection not in celery_app.steps["worker"]:
+    added_step = LeaderElection not in celery_app.steps["worker"]
+    if added_step:
         celery_app.steps["worker"].add(LeaderElection)
+    previous_url = celery_app.conf.get("leader_backend_url")
     # One store per test, and nothing left from the last: no lease outlives its test.
     reset_memory_stores()
     celery_app.conf.leader_backend_url = f"memory://{uuid.uuid4().hex}"
     for module in celery_includes:
         celery_app.loader.import_task_module(module)
-    with start_worker(celery_app, pool=celery_worker_pool, **celery_worker_parameters) as worker:
-        coordinator = current_coordinator()
-        if coordinator is None or not coordinator.manager.wait_for_leadership(LEAD_TIMEOUT):
-            raise RuntimeError(f"the test worker did not lead within {LEAD_TIMEOUT:g} s")
-        yield worker
+    coordinator = None
+    try:
+        with start_worker(
+            celery_app, pool=celery_worker_pool, **celery_worker_parameters
+        ) as worker:
+            coordinator = current_coordinator()
+            if coordinator is None or not coordinator.manager.wait_for_leadership(LEAD_TIMEOUT):
+                raise RuntimeError(f"the test worker did not lead within {LEAD_TIMEOUT:g} s")
+            yield worker
+    finally:
+        # The app and the process as they were: the next test starts clean.
+        if coordinator is not None:
+            coordinator.uninstall()
+        celery_app.conf.leader_backend_url = previous_url
+        if added_step:
+            celery_app.steps["worker"].discard(LeaderElection)
+        reset_memory_stores()

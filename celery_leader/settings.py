@@ -384,7 +384,7 @@ def load_settings(
             f"leader_stop_grace={stop_grace:g} is not allowed: it must be a number of seconds >= 0"
         )
     leader_task_patterns(conf)
-    _check_ports_differ(conf)
+    metrics_settings(conf, "leader_beat_metrics_port")
     beat_settings(conf)  # a worker may run beat (-B): its settings are checked at start too
     _warn_unknown_keys(conf)
     return LeaderSettings(
@@ -396,17 +396,6 @@ def load_settings(
         stop_grace=stop_grace,
         metrics=metrics_settings(conf),
     )
-
-
-def _check_ports_differ(conf: Mapping[str, Any]) -> None:
-    """Beat's port is its own: a worker (or the one an embedded beat forks from) holds the other."""
-    worker = metrics_settings(conf).port
-    beat = metrics_settings(conf, "leader_beat_metrics_port").port
-    if beat is not None and beat == worker:
-        raise ConfigurationError(
-            f"leader_beat_metrics_port={beat} is not allowed: it must differ from "
-            "leader_metrics_port, which the worker serves"
-        )
 
 
 def _check_azure(conf: Mapping[str, Any]) -> None:
@@ -435,7 +424,9 @@ def _warn_unknown_keys(conf: Mapping[str, Any]) -> None:
     prefix = str(getattr(conf, "prefix", None) or "").lower()
     for given in sorted(_own_keys(conf), key=str):
         key = str(given).lower()
-        if prefix and key.startswith(prefix):
+        if prefix:
+            if not key.startswith(prefix):
+                continue  # another setting of the project (Django's), not Celery's
             key = key[len(prefix) :]
         if not key.startswith("leader_") or key in KNOWN_KEYS:
             continue

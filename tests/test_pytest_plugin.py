@@ -37,3 +37,61 @@ def test_the_fixtures_are_listed_for_users():
     )
     for name in ("leader_lease", "lost_leader_lease", "leader_worker", "leader_lease_token"):
         assert re.search(rf"^{name}\b", proc.stdout, flags=re.MULTILINE), proc.stdout[-3000:]
+
+
+LEFTOVERS_SUITE = """
+import pytest
+from celery import Celery
+
+from celery_leader import LeaderElection, leader_only
+from celery_leader.runtime import shared_lease
+from celery_leader.worker.coordinator import current_coordinator
+
+pytest_plugins = ("celery.contrib.pytest",)
+app = Celery("leftovers", broker="memory://", backend="cache+memory://")
+app.conf.leader_backend_url = "redis://example.invalid:6379/0"  # the project's own store
+
+
+@leader_only
+@app.task(bind=True)
+def token(self):
+    return self.request.leader_token
+
+
+@pytest.fixture
+def celery_app():
+    return app
+
+
+@pytest.fixture(scope="session")
+def celery_includes():
+    return ["celery.contrib.testing.tasks"]
+
+
+def test_1_leads(leader_worker):
+    assert token.delay().get(timeout=10) > 0
+
+
+def test_2_nothing_left_behind():
+    assert current_coordinator() is None
+    assert shared_lease() is None
+    assert app.conf.leader_backend_url == "redis://example.invalid:6379/0"
+    assert LeaderElection not in app.steps["worker"]
+"""
+
+
+def test_leader_worker_leaves_the_app_and_the_process_as_they_were(tmp_path):
+    """After leader_worker: no coordinator or lease left, the app's store and steps restored."""
+    (tmp_path / "test_leftovers.py").write_text(LEFTOVERS_SUITE)
+    (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert re.search(r"^2 passed", out, flags=re.MULTILINE), out[-2000:]

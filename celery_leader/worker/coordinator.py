@@ -41,6 +41,7 @@ from celery.worker import state as worker_state
 from celery_leader import signals
 from celery_leader.lease import EventKind, LeaseEvent, LeaseManager, Role, Term
 from celery_leader.runtime import install_shared_lease
+from celery_leader.runtime import shared_lease as runtime_shared_lease
 from celery_leader.settings import LeaderSettings
 from celery_leader.shared_lease import SharedLease
 from celery_leader.stores.base import Holder, LeaseStore
@@ -182,6 +183,14 @@ class Coordinator:
         self._signals = SerialDispatcher("celery-leader-signals")
         _current = self
         install_shared_lease(self.shared)
+
+    def uninstall(self) -> None:
+        """Undo :meth:`install`, for a worker embedded in a process that goes on (tests)."""
+        global _current  # noqa: PLW0603 - one coordinator per worker process
+        if _current is self:
+            _current = None
+        if runtime_shared_lease() is self.shared:
+            install_shared_lease(None)
 
     def attach(self, consumer: Any) -> None:
         """The consumer (re)started: start competing, and match consumption to the lease."""
