@@ -45,15 +45,20 @@ class Verdict:
         return {"healthy": self.healthy, "status": self.status, **self.detail}
 
 
+def _detail(manager: Any, loop_age: float) -> dict[str, Any]:
+    """What every answer reports besides its verdict."""
+    return {
+        "election": manager.name,
+        "role": "leader" if manager.is_leader() else "follower",
+        "loop_age": round(loop_age, 3),
+        "store_failures": manager.store_failures,
+    }
+
+
 def worker_verdict(coordinator: Any, stuck_after: float) -> Verdict:
     """The verdict for a worker, from its coordinator (:mod:`celery_leader.worker.coordinator`)."""
     manager = coordinator.manager
-    detail: dict[str, Any] = {
-        "election": manager.name,
-        "role": "leader" if manager.is_leader() else "follower",
-        "loop_age": round(coordinator.loop_age(), 3),
-        "store_failures": manager.store_failures,
-    }
+    detail = _detail(manager, coordinator.loop_age())
     if coordinator.shutting_down:
         return Verdict(True, "stopping", detail)
     if not coordinator.started:
@@ -70,12 +75,7 @@ def worker_verdict(coordinator: Any, stuck_after: float) -> Verdict:
 def beat_verdict(election: Any, stuck_after: float) -> Verdict:
     """The verdict for a beat, from its election (:class:`celery_leader.beat.BeatElection`)."""
     manager = election.manager
-    detail: dict[str, Any] = {
-        "election": manager.name,
-        "role": "leader" if manager.is_leader() else "follower",
-        "loop_age": round(election.loop_age(), 3),
-        "store_failures": manager.store_failures,
-    }
+    detail = _detail(manager, election.loop_age())
     if not election.started:
         return Verdict(True, "starting", detail)
     if not manager.running:

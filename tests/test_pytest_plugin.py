@@ -10,16 +10,21 @@ from pathlib import Path
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "testing"
 
 
-def test_the_example_suite_passes_with_the_installed_plugin():
-    """The plugin loads through its pytest11 entry point; eager, lost and worker fixtures work."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q"],
-        cwd=EXAMPLE,
+def run_pytest(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """pytest in its own process, in *cwd*, as a project runs its suite."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *args],
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
+
+
+def test_the_example_suite_passes_with_the_installed_plugin():
+    """The plugin loads through its pytest11 entry point; eager, lost and worker fixtures work."""
+    proc = run_pytest(EXAMPLE, "-q")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert re.search(r"^4 passed", out, flags=re.MULTILINE), out[-2000:]
@@ -27,14 +32,7 @@ def test_the_example_suite_passes_with_the_installed_plugin():
 
 def test_the_fixtures_are_listed_for_users():
     """`pytest --fixtures` shows the leader_* fixtures with their docstrings."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--fixtures", "-q"],
-        cwd=EXAMPLE,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = run_pytest(EXAMPLE, "--fixtures", "-q")
     for name in ("leader_lease", "lost_leader_lease", "leader_worker", "leader_lease_token"):
         assert re.search(rf"^{name}\b", proc.stdout, flags=re.MULTILINE), proc.stdout[-3000:]
 
@@ -84,14 +82,7 @@ def test_leader_worker_leaves_the_app_and_the_process_as_they_were(tmp_path):
     """After leader_worker: no coordinator or lease left, the app's store and steps restored."""
     (tmp_path / "test_leftovers.py").write_text(LEFTOVERS_SUITE)
     (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    proc = run_pytest(tmp_path, "-q")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert re.search(r"^2 passed", out, flags=re.MULTILINE), out[-2000:]
