@@ -130,22 +130,16 @@ class BeatElection:
             from celery_leader.metrics import enable_metrics  # noqa: PLC0415 - optional extra
 
             enable_metrics(settings.metrics, self.manager)
-        if settings.metrics.port is not None:  # last: a probe may come at once
-            self._serve(settings)
-
-    def _serve(self, settings: LeaderSettings) -> None:
-        """``/metrics`` and ``/healthz`` of this beat on ``leader_beat_metrics_port``."""
-        from celery_leader.endpoint import serve  # noqa: PLC0415 - only with a port
-        from celery_leader.health import beat_verdict  # noqa: PLC0415
-
         metrics = settings.metrics
-        assert metrics.port is not None
-        try:
-            serve(metrics.address, metrics.port, lambda: beat_verdict(self, metrics.stuck_after))
-        except OSError as exc:
-            raise StartupConfigurationError(
-                f"celery-leader: leader_beat_metrics_port={metrics.port} cannot be served: {exc}"
-            ) from None
+        if metrics.port is not None:  # last: a probe may come at once
+            from celery_leader.endpoint import serve_at_start  # noqa: PLC0415 - only with a port
+            from celery_leader.health import beat_verdict  # noqa: PLC0415
+
+            serve_at_start(
+                metrics,
+                "leader_beat_metrics_port",
+                lambda: beat_verdict(self, metrics.stuck_after),
+            )
 
     def start(self) -> None:
         """Start competing (once)."""

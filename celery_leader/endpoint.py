@@ -22,6 +22,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from celery_leader.health import Verdict
+from celery_leader.settings import MetricsSettings
+from celery_leader.startup_error import StartupConfigurationError
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +101,17 @@ class Endpoint:
         """Stop serving and free the port."""
         self.server.shutdown()
         self.server.server_close()
+
+
+def serve_at_start(metrics: MetricsSettings, port_key: str, health: HealthSource) -> Endpoint:
+    """Serve on the port *metrics* names, or stop the worker or beat with one line naming it."""
+    assert metrics.port is not None
+    try:
+        return serve(metrics.address, metrics.port, health)
+    except OSError as exc:
+        raise StartupConfigurationError(
+            f"celery-leader: {port_key}={metrics.port} cannot be served: {exc}"
+        ) from None
 
 
 def serve(address: str, port: int, health: HealthSource) -> Endpoint:

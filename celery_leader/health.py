@@ -58,7 +58,8 @@ def _detail(manager: Any, loop_age: float) -> dict[str, Any]:
 def worker_verdict(coordinator: Any, stuck_after: float) -> Verdict:
     """The verdict for a worker, from its coordinator (:mod:`celery_leader.worker.coordinator`)."""
     manager = coordinator.manager
-    detail = _detail(manager, coordinator.loop_age())
+    loop_age = coordinator.loop_age()
+    detail = _detail(manager, loop_age)
     if coordinator.shutting_down:
         return Verdict(True, "stopping", detail)
     if not coordinator.started:
@@ -67,7 +68,7 @@ def worker_verdict(coordinator: Any, stuck_after: float) -> Verdict:
         return Verdict(False, "lease-thread-dead", detail)
     if not coordinator.connected:
         return Verdict(True, "reconnecting", detail)
-    if coordinator.loop_age() > stuck_after and not coordinator.loop_busy_with_task():
+    if loop_age > stuck_after and not coordinator.loop_busy_with_task():
         return Verdict(False, "loop-stuck", detail)
     return Verdict(True, "ok", detail)
 
@@ -75,13 +76,14 @@ def worker_verdict(coordinator: Any, stuck_after: float) -> Verdict:
 def beat_verdict(election: Any, stuck_after: float) -> Verdict:
     """The verdict for a beat, from its election (:class:`celery_leader.beat.BeatElection`)."""
     manager = election.manager
-    detail = _detail(manager, election.loop_age())
+    loop_age = election.loop_age()
+    detail = _detail(manager, loop_age)
     if not election.started:
         return Verdict(True, "starting", detail)
     if not manager.running:
         return Verdict(False, "lease-thread-dead", detail)
     if election.waiting_on_broker():  # Celery retries the broker inside beat's loop
         return Verdict(True, "reconnecting", detail)
-    if election.loop_age() > stuck_after:
+    if loop_age > stuck_after:
         return Verdict(False, "loop-stuck", detail)
     return Verdict(True, "ok", detail)

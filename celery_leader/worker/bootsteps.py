@@ -86,19 +86,13 @@ def _check_pool_size(worker: Any, kind: str) -> None:
 
 def _serve(settings: LeaderSettings, coordinator: Coordinator) -> None:
     """``/metrics`` and ``/healthz`` of this worker on ``leader_metrics_port``."""
-    from celery_leader.endpoint import serve  # noqa: PLC0415 - only with a port
+    from celery_leader.endpoint import serve_at_start  # noqa: PLC0415 - only with a port
     from celery_leader.health import worker_verdict  # noqa: PLC0415
 
     metrics = settings.metrics
-    assert metrics.port is not None
-    try:
-        serve(
-            metrics.address, metrics.port, lambda: worker_verdict(coordinator, metrics.stuck_after)
-        )
-    except OSError as exc:
-        raise WorkerConfigurationError(
-            f"celery-leader: leader_metrics_port={metrics.port} cannot be served: {exc}"
-        ) from None
+    serve_at_start(
+        metrics, "leader_metrics_port", lambda: worker_verdict(coordinator, metrics.stuck_after)
+    )
 
 
 class LeaderConsumer(bootsteps.StartStopStep):  # type: ignore[misc]

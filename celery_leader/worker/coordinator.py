@@ -41,7 +41,7 @@ from celery.worker import state as worker_state
 from celery_leader import signals
 from celery_leader.lease import EventKind, LeaseEvent, LeaseManager, Role, Term
 from celery_leader.runtime import install_shared_lease
-from celery_leader.runtime import shared_lease as runtime_shared_lease
+from celery_leader.runtime import shared_lease as installed_shared_lease
 from celery_leader.settings import LeaderSettings
 from celery_leader.shared_lease import SharedLease
 from celery_leader.stores.base import Holder, LeaseStore
@@ -189,7 +189,7 @@ class Coordinator:
         global _current  # noqa: PLW0603 - one coordinator per worker process
         if _current is self:
             _current = None
-        if runtime_shared_lease() is self.shared:
+        if installed_shared_lease() is self.shared:
             install_shared_lease(None)
 
     def attach(self, consumer: Any) -> None:

@@ -17,6 +17,23 @@ def runs(rows, kind="start"):
     return [r for r in rows if r["kind"] == kind]
 
 
+def beat_command(tmp_path, *extra: str) -> list[str]:
+    """``celery beat`` of leaderapp, with a schedule file of this test's own."""
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tests.integration.leaderapp",
+        "beat",
+        "-l",
+        "info",
+        *extra,
+        "-s",
+        str(tmp_path / "schedule"),
+    ]
+
+
 @pytest.mark.parametrize(
     ("env", "fragments"),
     [
@@ -79,18 +96,7 @@ def test_bad_settings_stop_beat_with_one_clear_line(cluster_for, tmp_path, env, 
     """celery beat with a bad setting exits at start with one line, as the worker does."""
     cluster = cluster_for("redis")
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tests.integration.leaderapp",
-            "beat",
-            "-l",
-            "info",
-            "-s",
-            str(tmp_path / "schedule"),
-        ],
+        beat_command(tmp_path),
         cwd=ROOT,
         env={**cluster.env, "LEADER_BEAT_EVERY": "1", **env},
         capture_output=True,
@@ -115,20 +121,7 @@ def test_beat_not_under_the_leader_scheduler_warns(cluster_for, tmp_path, schedu
     """celery beat -S <another scheduler> with leader settings logs that it is not led."""
     cluster = cluster_for("redis")
     beat = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tests.integration.leaderapp",
-            "beat",
-            "-l",
-            "info",
-            "-S",
-            scheduler,
-            "-s",
-            str(tmp_path / "schedule"),
-        ],
+        beat_command(tmp_path, "-S", scheduler),
         cwd=ROOT,
         env={**cluster.env, "LEADER_BEAT_EVERY": "1"},
         stdout=subprocess.PIPE,
