@@ -48,3 +48,26 @@ def test_metrics_follow_a_term_from_election_to_loss():
         manager.stop()
     assert value(registry, "celery_leader_releases_total", election="m") >= 1
     assert value(registry, "celery_leader_is_leader", election="m") == 0
+
+
+def test_a_taken_port_stops_the_start_with_one_line_naming_the_setting():
+    """/metrics and /healthz on a port another process holds: a start-up error, not a traceback."""
+    import socket
+
+    import pytest
+
+    from celery_leader.endpoint import serve_at_start
+    from celery_leader.health import Verdict
+    from celery_leader.settings import MetricsSettings
+    from celery_leader.startup_error import StartupConfigurationError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        metrics = MetricsSettings(enabled=True, port=port, address="127.0.0.1")
+        with pytest.raises(StartupConfigurationError) as caught:
+            serve_at_start(metrics, "leader_beat_metrics_port", lambda: Verdict(True, "ok"))
+    message = str(caught.value)
+    assert message.startswith(f"celery-leader: leader_beat_metrics_port={port} cannot be served")
+    assert "\n" not in message
