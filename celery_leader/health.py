@@ -11,7 +11,9 @@ restart helps:
   connected yet), while Celery reconnects to the broker (a restart does not
   bring a broker back either) and while it stops (a warm shutdown drains
   its tasks).
-* **unhealthy** (503): the lease thread died, or the consumer's loop (beat's
+* **unhealthy** (503): the lease thread died, a prefork worker's run
+  watchdog died and could not be replaced (it is replaced before the next
+  renewal; until then the lease is not renewed), or the consumer's loop (beat's
   loop, for beat) has not turned for ``leader_health_stuck_after`` seconds
   (default 60) with no task holding it. Beat's loop waiting on the broker
   (connecting, or a publish in flight) counts as reconnecting, not stuck.
@@ -36,8 +38,8 @@ class Verdict:
 
     healthy: bool
     status: str
-    """``ok``, ``starting``, ``reconnecting``, ``stopping``, ``loop-stuck`` or
-    ``lease-thread-dead``."""
+    """``ok``, ``starting``, ``reconnecting``, ``stopping``, ``loop-stuck``,
+    ``lease-thread-dead`` or ``watchdog-dead``."""
     detail: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -55,7 +57,7 @@ def _detail(manager: Any, loop_age: float) -> dict[str, Any]:
     }
 
 
-def worker_verdict(coordinator: Any, stuck_after: float) -> Verdict:
+def worker_verdict(coordinator: Any, stuck_after: float) -> Verdict:  # noqa: PLR0911 - one check a line
     """The verdict for a worker, from its coordinator (:mod:`celery_leader.worker.coordinator`)."""
     manager = coordinator.manager
     loop_age = coordinator.loop_age()
@@ -64,6 +66,9 @@ def worker_verdict(coordinator: Any, stuck_after: float) -> Verdict:
         return Verdict(True, "stopping", detail)
     if not coordinator.started:
         return Verdict(True, "starting", detail)
+    watchdog = coordinator.watchdog
+    if watchdog is not None and not watchdog.alive():
+        return Verdict(False, "watchdog-dead", detail)
     if not manager.running:
         return Verdict(False, "lease-thread-dead", detail)
     if not coordinator.connected:

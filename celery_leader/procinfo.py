@@ -49,11 +49,18 @@ _own: tuple[int, int] | None = None
 
 
 def own_start_time() -> int:
-    """The calling process's start time (0 when unknown); read once per process."""
+    """The calling process's start time (0 when unknown).
+
+    Read once per process, and again on the next call as long as a read
+    failed (out of descriptors, say): an unknown start time is never cached.
+    """
     global _own  # noqa: PLW0603 - a per-process cache, keyed by pid so a fork re-reads it
     pid = os.getpid()
     if _own is None or _own[0] != pid:
-        _own = (pid, start_time(pid) or 0)
+        started = start_time(pid)
+        if started is None:
+            return 0
+        _own = (pid, started)
     return _own[1]
 
 

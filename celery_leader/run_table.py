@@ -20,7 +20,21 @@ readers recognise it as stale because the process it names, identified by
 pid *and* start time (:mod:`celery_leader.procinfo`), no longer runs.
 
 A sequence number per slot (odd while a write is in progress) makes a torn
-read retry.
+read retry. A writer killed between its first and last write (the watchdog's
+kill, the parent's, a hard time limit, the OOM killer) leaves its slot torn:
+
+* the next writer of the slot starts from the next odd number whatever
+  parity it finds, so its own record reads whole (a torn slot heals at the
+  next write instead of hiding every later run of that pool index);
+* every writer names itself in the slot before it starts, so a reader that
+  finds a slot torn for good knows who tore it: a writer that is gone left
+  nothing running, and a writer that still runs (stopped mid-write) is
+  reported as a run of every term under ``terminate`` (:data:`EVERY_TERM`):
+  fail closed, the watchdog ends it with the first term that ends and the
+  release guard waits for it.
+
+A run whose process start time could not be read is recorded with start
+time 0 and counts as running while its pid does (fail closed as well).
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import time
 from typing import NamedTuple
 
 from celery_leader import procinfo
@@ -38,11 +53,19 @@ RUN_SLOTS = 1024
 #: Kills remembered for the parent, newest last; older ones are overwritten.
 KILL_RING = 128
 
-_SLOT = struct.Struct("=qqqqq")  # sequence, pid, token, flags, start time
+_SLOT = struct.Struct("=qqqqqq")  # sequence, writer, pid, token, flags, start time
+_SEQ = struct.Struct("=q")
+_WRITER = struct.Struct("=q")  # at offset 8: the process writing (or that last wrote) the slot
+_BODY = struct.Struct("=qqqq")  # at offset 16: pid, token, flags, start time
 _KILL = struct.Struct("=qqq")  # pid, token, start time
 _HEAD = struct.Struct("=q")  # kills recorded so far
 _TERMINATE = 1
 _RETRIES = 1000
+#: Pauses between re-reads of a slot still torn after :data:`_RETRIES` fast reads,
+#: for a live writer that was only descheduled mid-write (1 ms each).
+_SLOW_RETRIES = 20
+#: The token of a run whose slot cannot be read: it counts as a run of every term.
+EVERY_TERM = 2**63 - 1
 
 
 class Run(NamedTuple):
@@ -55,8 +78,17 @@ class Run(NamedTuple):
     started: int
 
     def running(self) -> bool:
-        """True while the process named here still runs (and is the same process)."""
+        """True while the process named here still runs (and is the same process).
+
+        With its start time unknown (0), the pid alone decides: fail closed.
+        """
+        if not self.started:
+            return self.pid > 0 and not procinfo.has_ended(self.pid)
         return procinfo.is_running(self.pid, self.started)
+
+    def of_term(self, token: int) -> bool:
+        """True when this run belongs to term *token* or an older one (unknown: every term)."""
+        return self.token <= token or self.token == EVERY_TERM
 
 
 class RunTable:
@@ -70,10 +102,13 @@ class RunTable:
 
     def _write(self, index: int, pid: int, token: int, flags: int, started: int) -> None:
         offset = index * _SLOT.size
-        (seq,) = struct.unpack_from("=q", self._slots, offset)
-        struct.pack_into("=q", self._slots, offset, seq + 1)  # odd: write in progress
-        struct.pack_into("=qqqq", self._slots, offset + 8, pid, token, flags, started)
-        struct.pack_into("=q", self._slots, offset, seq + 2)
+        (seq,) = _SEQ.unpack_from(self._slots, offset)
+        # Odd whatever parity an earlier writer killed mid-write left behind.
+        begin = seq + 1 if seq % 2 == 0 else seq + 2
+        _WRITER.pack_into(self._slots, offset + _SEQ.size, os.getpid())
+        _SEQ.pack_into(self._slots, offset, begin)  # odd: write in progress
+        _BODY.pack_into(self._slots, offset + _SEQ.size + _WRITER.size, pid, token, flags, started)
+        _SEQ.pack_into(self._slots, offset, begin + 1)
 
     def enter(self, index: int, token: int, *, terminate: bool) -> None:
         """Record that the calling process (pool child *index*) runs leader work of *token*."""
@@ -84,16 +119,31 @@ class RunTable:
         """Record that the leader run of pool child *index* ended."""
         self._write(index, 0, 0, 0, 0)
 
-    def slot(self, index: int) -> Run | None:
-        """Slot *index*, read consistently; None when empty."""
+    def _read(self, index: int) -> tuple[bool, Run | None]:
+        """One read of slot *index*: (consistent, its run); not consistent mid-write."""
         offset = index * _SLOT.size
-        for _ in range(_RETRIES):
-            seq, pid, token, flags, started = _SLOT.unpack_from(self._slots, offset)
-            if seq % 2 == 0 and struct.unpack_from("=q", self._slots, offset)[0] == seq:
-                return Run(index, pid, token, bool(flags & _TERMINATE), started) if pid else None
-        # A writer that never finishes died mid-write; the process it named is
-        # unknown, so the slot reads as a run of every term (fail closed).
-        return Run(index, -1, 2**63 - 1, False, 0)
+        seq, _writer, pid, token, flags, started = _SLOT.unpack_from(self._slots, offset)
+        if seq % 2 or _SEQ.unpack_from(self._slots, offset)[0] != seq:
+            return False, None
+        return True, Run(index, pid, token, bool(flags & _TERMINATE), started) if pid else None
+
+    def slot(self, index: int) -> Run | None:
+        """Slot *index*, read consistently; None when empty.
+
+        A slot torn for good (see the module docstring) reads as None when
+        its writer is gone, and as a ``terminate`` run of :data:`EVERY_TERM`
+        in the writer's process while that process still exists.
+        """
+        for attempt in range(_RETRIES + _SLOW_RETRIES):
+            consistent, found = self._read(index)
+            if consistent:
+                return found
+            if attempt >= _RETRIES:
+                time.sleep(0.001)
+        (writer,) = _WRITER.unpack_from(self._slots, index * _SLOT.size + _SEQ.size)
+        if writer <= 0 or procinfo.has_ended(writer):
+            return None  # killed mid-write: nothing runs under this slot
+        return Run(index, writer, EVERY_TERM, True, 0)
 
     def busy(self) -> list[Run]:
         """The slots in use (stale ones included), each read consistently.
@@ -102,19 +152,21 @@ class RunTable:
         with its sequence check.
         """
         found = []
-        for index, (_, candidate, *_rest) in enumerate(_SLOT.iter_unpack(bytes(self._slots))):
-            if candidate:
+        for index, (seq, _writer, candidate, *_rest) in enumerate(
+            _SLOT.iter_unpack(bytes(self._slots))
+        ):
+            if candidate or seq % 2:
                 run = self.slot(index)
                 if run is not None:
                     found.append(run)
         return found
 
     def running(self, token: int, exclude_pid: int = 0) -> list[Run]:
-        """Runs of term *token* or older whose process still runs."""
+        """Runs of term *token* or older whose process still runs (unreadable ones included)."""
         return [
             run
             for run in self.busy()
-            if run.token <= token and run.pid != exclude_pid and (run.pid < 0 or run.running())
+            if run.of_term(token) and run.pid != exclude_pid and run.running()
         ]
 
     # -- kills (written by the watchdog) --------------------------------------
@@ -132,6 +184,6 @@ class RunTable:
             killed_pid, killed_token, _ = _KILL.unpack_from(
                 self._kills, _HEAD.size + index * _KILL.size
             )
-            if killed_pid == pid and killed_token == token:
+            if killed_pid == pid and killed_token in (token, EVERY_TERM):
                 return True
         return False

@@ -37,7 +37,13 @@ from celery.local import Proxy
 from celery_leader.exceptions import ConfigurationError, LeaseLost
 from celery_leader.runtime import eager_token, leader_run, shared_lease
 from celery_leader.settings import default_name, default_queue, leader_task_patterns
-from celery_leader.term_end import OnLoss, stop_run_in_task, unwatch_run, watch_run
+from celery_leader.term_end import (
+    OnLoss,
+    UnwatchableRunError,
+    stop_run_in_task,
+    unwatch_run,
+    watch_run,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +105,11 @@ class LeaderTaskMixin:
         # Recorded for the release guard; under terminate the watchdog also
         # ends the run at its term's deadline.
         terminate = getattr(request, "leader_on_loss", None) == OnLoss.TERMINATE.value
-        watched = watch_run(shared, token, terminate=terminate)
+        try:
+            watched = watch_run(shared, token, terminate=terminate)
+        except UnwatchableRunError as refused:
+            logger.error("celery-leader: %s", refused)  # noqa: TRY400 - no traceback: one line says it
+            stop_run_in_task(self, str(refused))
         if not shared.valid_for(token):  # revoked while we registered
             unwatch_run(shared, watched)
             stop_run_in_task(self, "the lease ended before the run started")

@@ -190,14 +190,20 @@ def kill_runs(requests: Iterable[Any], reason: str) -> list[int]:
     return killed
 
 
-def kill_recorded_runs(shared: SharedLease, token: int, reason: str) -> list[int]:
+def kill_recorded_runs(
+    shared: SharedLease, token: int, reason: str, *, terminate_only: bool = False
+) -> list[int]:
     """SIGKILL the pool children the run table shows running term *token* (or older).
 
-    These include runs the parent has not seen start yet. Only children of
-    the calling process (the worker's main process) are signalled.
+    These include runs the parent has not seen start yet, and a slot that
+    cannot be read (its writer's process, fail closed). With
+    *terminate_only*, runs under another policy are spared. Only children
+    of the calling process (the worker's main process) are signalled.
     """
     killed = []
     for run in shared.runs.running(token, exclude_pid=os.getpid()):
+        if terminate_only and not run.terminate:
+            continue
         if run.pid > 0 and parent_of(run.pid) == os.getpid():
             logger.warning("celery-leader: %s; killing pool child pid %s", reason, run.pid)
             with suppress(ProcessLookupError):
@@ -220,6 +226,10 @@ def process_ended(pid: int) -> bool:
 # -- the deadline, enforced from outside the run (prefork) -------------------
 
 
+class UnwatchableRunError(RuntimeError):
+    """A pool child has no slot in the run table: it must not run leader work."""
+
+
 def pool_child_index() -> int | None:
     """The billiard pool index of the calling process, or None outside a prefork child."""
     try:
@@ -228,7 +238,7 @@ def pool_child_index() -> int | None:
         index = getattr(current_process(), "index", None)
     except Exception:  # noqa: BLE001 - no billiard, no index: the run is not watched
         return None
-    return index if isinstance(index, int) and 0 <= index < RUN_SLOTS else None
+    return index if isinstance(index, int) and index >= 0 else None
 
 
 def watch_run(shared: SharedLease, token: int, *, terminate: bool) -> int | None:
@@ -237,10 +247,18 @@ def watch_run(shared: SharedLease, token: int, *, terminate: bool) -> int | None
     Every policy is recorded, so that the release guard sees the run even
     before the parent does; only *terminate* runs are killed by the
     watchdog. Returns None (nothing recorded) outside a prefork child.
+    Raises :class:`UnwatchableRunError` in a child whose pool index is past the
+    table (a pool grown at run time by ``pool_grow`` or autoscale): a run
+    neither kill layer could see must not start.
     """
     index = pool_child_index()
     if index is None or os.getpid() == shared.owner_pid:
         return None
+    if index >= RUN_SLOTS:
+        raise UnwatchableRunError(
+            f"pool process index {index} is past the run table's {RUN_SLOTS} slots "
+            "(the pool was grown at run time); this process runs no leader work"
+        )
     shared.runs.enter(index, token, terminate=terminate)
     return index
 
@@ -267,6 +285,8 @@ def enforce_deadlines(
     killed = []
     done = set() if done is None else done
     for run in shared.runs.busy():
+        # An unreadable slot comes back as a terminate run of every term in its
+        # writer's process (run_table.EVERY_TERM): it is never valid, so it is killed.
         if not run.terminate or run.pid <= 0 or (run.pid, run.started) in done:
             continue
         if shared.valid_for(run.token):

@@ -177,3 +177,45 @@ def test_release_guard_waits_for_a_run_the_parent_has_not_seen_start():
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_dead_watchdog_is_replaced_before_a_renewal_and_fails_health_until_then(monkeypatch):
+    """is_live() (asked before every renewal) replaces a dead watchdog; /healthz says it died."""
+    import os
+    import signal
+    import time
+
+    from celery_leader.health import worker_verdict
+    from celery_leader.settings import load_settings
+    from celery_leader.term_end import Watchdog
+
+    settings = load_settings({"leader_backend_url": "memory://watchdog"}, "t")
+    coordinator = coordinator_module.Coordinator(
+        settings, _memory_store(), nodename="n@h", pool_kind="prefork"
+    )
+    coordinator.watchdog.start()
+    coordinator._started = True  # the lease thread is not started: only this test renews
+    try:
+        first = coordinator.watchdog.pid
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while coordinator.watchdog.alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        verdict = worker_verdict(coordinator, 60)
+        assert (verdict.healthy, verdict.status) == (False, "watchdog-dead")
+        assert coordinator.is_live()
+        assert coordinator.watchdog.alive() and coordinator.watchdog.pid != first
+        assert worker_verdict(coordinator, 60).status != "watchdog-dead"
+
+        os.kill(coordinator.watchdog.pid, signal.SIGKILL)
+        while coordinator.watchdog.alive() and time.monotonic() < deadline + 5:
+            time.sleep(0.01)
+
+        def cannot_fork(self):
+            raise OSError("fork failed")
+
+        monkeypatch.setattr(Watchdog, "start", cannot_fork)
+        assert coordinator.is_live() is False, "no renewal while no watchdog runs"
+    finally:
+        monkeypatch.undo()
+        coordinator.watchdog.stop()

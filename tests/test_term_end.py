@@ -278,3 +278,105 @@ def test_process_ended_sees_an_unreaped_exit():
         time.sleep(0.01)
     assert process_ended(child.pid)
     assert child.wait(5) == 0, "the exit status was left for its owner"
+
+
+# -- a run table slot torn by a writer killed mid-write (fail closed) --------
+
+
+def _die_mid_write(shared, index):
+    """A forked process that dies between the first and the last write of slot *index*.
+
+    It does what the first half of a slot write does (mark the slot "write in
+    progress", name itself the writer where the layout has one) and is then
+    SIGKILLed, as the watchdog, the parent, a hard time limit or the OOM
+    killer may do to a pool child at any instruction.
+    """
+    import struct
+
+    offset = index * len(shared.runs._slots) // RUN_SLOTS
+    pid = os.fork()
+    if pid == 0:
+        (seq,) = struct.unpack_from("=q", shared.runs._slots, offset)
+        struct.pack_into("=q", shared.runs._slots, offset + 8, os.getpid())
+        struct.pack_into("=q", shared.runs._slots, offset, seq + 1 if seq % 2 == 0 else seq + 2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.waitpid(pid, 0)
+
+
+def test_a_slot_torn_by_a_killed_writer_still_shows_the_next_run_to_both_kill_layers():
+    """The next child of a torn slot's pool index is seen by the watchdog and the parent's kill."""
+    shared = SharedLease()
+    _die_mid_write(shared, 0)
+    assert shared.runs.slot(0) is None, "a writer that died left nothing running"
+    child = sleeper()
+    try:
+        shared.publish(6, clock.now() + 60)
+        record(shared, 0, child, 6)  # the next pool child of index 0 starts a terminate run
+        assert [run.pid for run in shared.runs.running(6)] == [child.pid]
+        shared.revoke(6)
+        assert enforce_deadlines(shared, os.getpid()) == [child.pid]
+        assert child.wait(5) == -signal.SIGKILL
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_slot_torn_for_good_by_a_live_writer_counts_as_a_run_of_every_term():
+    """A writer stopped mid-write: the guard waits for it, the watchdog ends it (fail closed)."""
+    import struct
+
+    shared = SharedLease()
+    child = sleeper()
+    try:
+        record(shared, 2, child, 5)
+        offset = 2 * len(shared.runs._slots) // RUN_SLOTS
+        (seq,) = struct.unpack_from("=q", shared.runs._slots, offset)
+        struct.pack_into("=q", shared.runs._slots, offset + 8, child.pid)  # it writes its slot
+        struct.pack_into("=q", shared.runs._slots, offset, seq + 1)  # ... and stops mid-write
+        assert [run.pid for run in shared.runs.running(3)] == [child.pid], "counts for any term"
+        shared.publish(9, clock.now() + 60)
+        shared.revoke(8)
+        assert enforce_deadlines(shared, os.getpid()) == [child.pid]
+        assert child.wait(5) == -signal.SIGKILL
+        assert shared.runs.running(9) == []
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_run_whose_start_time_is_unknown_still_ends_with_its_term():
+    """Start time 0 (the child could not read /proc/self/stat): the pid alone decides."""
+    shared = SharedLease()
+    child = sleeper()
+    try:
+        record(shared, 1, child, 4, started=0)
+        assert [run.pid for run in shared.runs.running(4)] == [child.pid]
+        shared.revoke(4)
+        assert enforce_deadlines(shared, os.getpid()) == [child.pid]
+        assert child.wait(5) == -signal.SIGKILL
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_an_unreadable_start_time_is_not_remembered(monkeypatch):
+    """One failed read of /proc/self/stat must not leave the process without a start time."""
+    real = procinfo.start_time
+    answers = iter([None])
+    monkeypatch.setattr(procinfo, "_own", None)
+    monkeypatch.setattr(procinfo, "start_time", lambda pid: next(answers, real(pid)))
+    assert procinfo.own_start_time() == 0
+    assert procinfo.own_start_time() == real(os.getpid()) != 0
+
+
+def test_a_pool_child_past_the_run_table_refuses_leader_work(monkeypatch):
+    """A pool grown past the run table (pool_grow, autoscale): the run is refused, not unwatched."""
+    from billiard.process import current_process
+
+    from celery_leader.term_end import UnwatchableRunError, watch_run
+
+    shared = SharedLease()
+    monkeypatch.setattr(shared, "owner_pid", -1)  # this process stands in for a pool child
+    monkeypatch.setattr(current_process(), "index", RUN_SLOTS + 3, raising=False)
+    with pytest.raises(UnwatchableRunError, match="1027"):
+        watch_run(shared, 5, terminate=True)

@@ -252,13 +252,37 @@ class Coordinator:
         return self.consumer is not None
 
     def is_live(self) -> bool:
-        """True while the worker can act on leadership: its loop runs (or a solo task does)."""
+        """True while the worker can act on leadership: its loop runs (or a solo task does).
+
+        Asked before every renewal and every attempt to acquire. A prefork
+        worker is also not live while its run watchdog is dead: a dead
+        watchdog is replaced here, and the lease is renewed only once the
+        replacement runs, so no validity is ever published that no watchdog
+        enforces.
+        """
+        if not self.watchdog_alive():
+            return False
         if self.shutting_down:
             return True
         if self.loop_age() < self._liveness_window:
             return True
         # A busy loop is not a stuck one.
         return self.loop_busy_with_task()
+
+    def watchdog_alive(self) -> bool:
+        """True when no watchdog is needed or it runs; a dead one is replaced first."""
+        watchdog = self.watchdog
+        if watchdog is None or watchdog.alive():
+            return True
+        if self.shutting_down:
+            return True  # the worker is going: runs are stopped by the shutdown itself
+        logger.error("celery-leader: the run watchdog died; starting a new one")
+        try:
+            watchdog.restart()
+        except OSError:
+            logger.exception("celery-leader: cannot start a new run watchdog; not renewing")
+            return False
+        return watchdog.alive()
 
     # -- the gate (loop thread) -----------------------------------------------
 
@@ -310,9 +334,7 @@ class Coordinator:
         """Handle one event from the lease manager. Runs on the manager thread."""
         token = event.term.token
         if event.kind is EventKind.ELECTED:
-            if self.watchdog is not None and not self.watchdog.alive():
-                logger.error("celery-leader: the run watchdog died; starting a new one")
-                self.watchdog.restart()
+            self.watchdog_alive()  # checked before the acquire too; a death since is caught here
             self.shared.publish(token, event.term.valid_until)
             self.post(self.sync_consumption)
             self._wake_loop()
@@ -371,15 +393,18 @@ class Coordinator:
         except SnapshotError:
             logger.exception("celery-leader: cannot list runs; the watchdog stops them")
         else:
-            # Only children that still run the term's work: one that finished
-            # (its result not read yet) is left alone rather than killed idle.
-            in_body = {run.pid for run in self.shared.runs.running(token) if run.terminate}
+            # Every terminate run of the term whose child is alive, whatever the
+            # run table says: the table is the watchdog's view, and a slot it
+            # cannot read must not spare a run here too. A child that already
+            # finished (its result on its way) loses nothing: its result was sent.
             doomed = [
                 r
                 for r in runs
-                if self.policy_for(r.task) is OnLoss.TERMINATE and r.worker_pid in in_body
+                if self.policy_for(r.task) is OnLoss.TERMINATE and not self._process_gone(r)
             ]
             kill_runs(doomed, "lease lost")
+            # And runs the parent has not seen start, from the run table.
+            kill_recorded_runs(self.shared, token, "lease lost", terminate_only=True)
         if on_loop:
             self.hand_back_waiting(token)
         else:

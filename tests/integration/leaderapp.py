@@ -287,3 +287,27 @@ def chaos_work(self, i, seconds):
     accepted = fence.admit("chaos", self.request.leader_token)
     record("write", self, i=i, accepted=accepted, sent_at=sent_at, pid=pid)
     record("end", self, i=i, pid=pid)
+
+
+@leader_only(on_loss="terminate")
+@app.task(bind=True)
+def tear_own_slot(self):
+    """Dies as a pool child SIGKILLed mid-write of its run-table slot would.
+
+    It marks its slot "write in progress" (naming itself the writer where
+    the layout has that field) and kills itself before the write completes.
+    """
+    import signal
+    import struct
+
+    from celery_leader.run_table import RUN_SLOTS
+    from celery_leader.runtime import shared_lease
+    from celery_leader.term_end import pool_child_index
+
+    table = shared_lease().runs
+    offset = pool_child_index() * (len(table._slots) // RUN_SLOTS)
+    (seq,) = struct.unpack_from("=q", table._slots, offset)
+    record("tear", self, pid=os.getpid())
+    struct.pack_into("=q", table._slots, offset + 8, os.getpid())
+    struct.pack_into("=q", table._slots, offset, seq + 1 if seq % 2 == 0 else seq + 2)
+    os.kill(os.getpid(), signal.SIGKILL)
