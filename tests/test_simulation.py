@@ -84,6 +84,51 @@ def test_model_store_holds_off_after_it_forgot(loss):
     assert result.token == 6_500_000  # the clock keeps tokens rising
 
 
+def test_model_store_restart_keeping_data_keeps_the_lease_and_holds_off_the_next():
+    """Nothing was lost, but nothing tells the store so: the next holder waits."""
+    clock = _Clock()
+    store = ModelStore(clock)
+    clock.now = 1.0
+    store.acquire("sim", _holder("a"), 3.0)
+    clock.now = 5.0
+    assert store.acquire("sim", _holder("b"), 3.0).hold_off == 0.0
+    store.restart_keeping_data()
+    clock.now = 6.0
+    assert not store.acquire("sim", _holder("c"), 3.0).acquired  # b's lease is still b's
+    assert store.renew("sim", "b-id", 3.0)
+    assert store.release("sim", "b-id")
+    result = store.acquire("sim", _holder("c"), 3.0)
+    assert result.acquired and result.hold_off == 3.0
+
+
+def test_model_store_late_renew_and_release_on_restored_data_keep_the_hold_off():
+    """A renewal and a release of an older term, applied to data restored under them."""
+    clock = _Clock()
+    store = ModelStore(clock, keep_history=True)
+    clock.now = 1.0
+    store.acquire("sim", _holder("a"), 3.0)
+    clock.now = 2.0
+    assert store.release("sim", "a-id")
+    store.acquire("sim", _holder("b"), 3.0)  # b leads until 5, then the store goes back
+    clock.now = 2.5
+    assert store.restore(as_of=1.5) == 1.0  # a's lease again, live until 4
+    assert store.renew("sim", "a-id", 3.0)  # late copies of a's requests
+    assert store.release("sim", "a-id")
+    result = store.acquire("sim", _holder("c"), 3.0)
+    assert result.acquired and result.hold_off == 3.0  # b may still act until 5
+
+
+def test_model_store_without_its_epoch_always_holds_off():
+    """An ACL user refused INFO: even a clean handover waits one ttl."""
+    clock = _Clock()
+    store = ModelStore(clock, reads_epoch=False)
+    clock.now = 1.0
+    store.acquire("sim", _holder("a"), 3.0)
+    assert store.release("sim", "a-id")
+    result = store.acquire("sim", _holder("b"), 3.0)
+    assert result.acquired and result.hold_off == 3.0
+
+
 @pytest.mark.parametrize(
     ("broken", "hold_off", "token"),
     [

@@ -23,8 +23,9 @@ Modules, one job each:
 
 Assumptions (the lease manager's, see :mod:`celery_leader.lease`): the store
 honours its ttl on its clock; each node's clock drifts from the store's by
-less than the margin over one ttl; the store's epoch changes on every
-restart. Within them, the checker expects no violation at all.
+less than the margin over one ttl; the store's epoch changes whenever
+other data comes to lie under the lease (any restart, and older data loaded
+without one). Within them, the checker expects no violation at all.
 
 How time is shared: a node's store call runs the rest of the world nested
 inside it until its reply or timeout, so a call may return late when another

@@ -1,7 +1,8 @@
 """The invariants, judged over the run as it happens.
 
 Under the stated assumptions (the store honours its ttl on its clock, clock
-drift stays within the margin, the epoch changes on every restart):
+drift stays within the margin, the epoch changes whenever other data comes
+to lie under the lease: any restart, and older data loaded without one):
 
 1. **One leader.** Never two nodes whose ``is_leader()`` is true at the same
    real instant, each judged on its own clock.

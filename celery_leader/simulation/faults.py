@@ -17,9 +17,9 @@ of every kind do), how the network behaves, and a list of timed faults:
   say the term's work still runs (no release).
 
 The assumptions the checker relies on are kept: the store honours its ttl,
-the epoch changes on every restart (unless a broken store is asked for),
-and drift stays below ``margin / ttl / 4`` (a quarter of what the margin
-allows, see :data:`DRIFT_SHARE`).
+the epoch changes whenever other data comes to lie under the lease (unless
+a broken store is asked for), and drift stays below ``margin / ttl / 4`` (a
+quarter of what the margin allows, see :data:`DRIFT_SHARE`).
 """
 
 from __future__ import annotations

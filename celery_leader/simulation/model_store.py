@@ -4,22 +4,31 @@ What is modelled (one election; see :mod:`celery_leader.stores.redis`, its
 Lua scripts and its safety statement):
 
 * **Data**: the lease record (lease id, token, expiry and hold-off end on the
-  store's clock), the token counter, and the meta record (the epoch, i.e. the
-  run id, of the server that recorded the last term, and the lease end it
-  recorded). Data is immutable; every change makes a new :class:`Data`, so a
-  snapshot is a reference and a restore is an assignment.
+  store's clock), the token counter, and the meta record (the epoch that
+  the last acquire recorded, and the lease end recorded last). Data is
+  immutable; every change makes a new :class:`Data`, so a snapshot is a
+  reference and a restore is an assignment.
 * **acquire**: refused (with ``retry_in``) while a live lease of someone else
   exists; otherwise the token is ``max(last + 1, store clock in us,
   min_token + 1)``, and the new holder holds off one ttl when the epoch
   changed since the last recorded term, when the meta record is missing
-  (first use, or forgotten), or when the lease vanished before its recorded
-  end (eviction). Re-acquiring one's own live lease keeps its remaining
-  hold-off.
+  (first use, or forgotten), when the lease vanished before its recorded
+  end (eviction), or always when the store cannot read its epoch (an ACL
+  user without ``INFO``). Re-acquiring one's own live lease keeps its
+  remaining hold-off.
 * **renew** and **release**: compare-and-set on the lease id; renew records
   the new lease end, release records 0 and announces the release to
-  watchers.
-* **Epoch**: a new one on every restart (Redis' ``run_id``), never part of the
-  data, so a restore cannot bring an old one back.
+  watchers. Neither records the epoch: a late one applied to restored data
+  must not make that data look current.
+* **Epoch**: the incarnation of the data (Redis: the server's run id, its
+  replication id and the count of commands that replace data in place). It
+  is not part of the data, so no copy of the data brings an old one back.
+  It changes whenever other data comes to lie under the lease, whether or
+  not the server restarts: :meth:`ModelStore.restore` is a restart from an
+  older snapshot and an in-process load of one alike (``SWAPDB``, a flush
+  and restore, ``DEBUG RELOAD``, a failover back). A restart that keeps
+  every write changes it too (:meth:`ModelStore.restart_keeping_data`): the
+  store cannot tell that restart from one that lost writes.
 
 The store's clock is the simulation's real time: store and real time are
 the reference against which the nodes' clocks drift. Expiry is exact: a
@@ -50,7 +59,8 @@ from celery_leader.stores.redis import RedisLeaseStore
 class Broken(str, enum.Enum):
     """A deliberately wrong store, for showing that the checker catches it."""
 
-    #: A restart from an older snapshot keeps the epoch: the restore goes unnoticed.
+    #: Older data comes back under the same epoch, as a run id alone allowed (a
+    #: failover back, ``DEBUG RELOAD``, ``SWAPDB``): the restore goes unnoticed.
     SNAPSHOT_KEEPS_EPOCH = "snapshot-keeps-epoch"
     #: The store never asks a new holder to hold off, even after it forgot.
     NO_HOLD_OFF = "no-hold-off"
@@ -106,10 +116,13 @@ class ModelStore:
         *,
         broken: Broken | None = None,
         keep_history: bool = False,
+        reads_epoch: bool = True,
         log: Callable[[str, tuple[object, ...]], None] | None = None,
     ) -> None:
         self._clock = clock
         self.broken = broken
+        #: False models an ACL user refused INFO: the epoch is unknown to acquire.
+        self.reads_epoch = reads_epoch
         self.data = Data()
         self.epoch = 1
         #: (time, data) after every change, for restores from a snapshot.
@@ -168,7 +181,10 @@ class ModelStore:
         meta = data.meta
         recorded_end = meta.lease_end if meta is not None else 0.0
         forgot = (
-            meta is None or meta.epoch != self.epoch or (current is None and recorded_end > now)
+            not self.reads_epoch
+            or meta is None
+            or meta.epoch != self.epoch
+            or (current is None and recorded_end > now)
         )
         if forgot and self.broken is not Broken.NO_HOLD_OFF:
             hold_until = now + ttl  # the store forgot: the old holder may still act
@@ -263,8 +279,20 @@ class ModelStore:
         self.epoch += 1
         self._set(Data())
 
+    def restart_keeping_data(self) -> None:
+        """A restart that kept every write (an AOF synced on every write): a new epoch.
+
+        Nothing was lost, but the store cannot know that, so the next holder
+        holds off; the lease, if still live, stays its holder's.
+        """
+        self.epoch += 1
+
     def restore(self, as_of: float) -> float:
-        """A restart from the snapshot taken at *as_of* (or the latest before); a new epoch.
+        """Data as it was at *as_of* (or the latest snapshot before) comes back; a new epoch.
+
+        A restart from that snapshot, or the same server loading it without a
+        restart (``SWAPDB``, a flush and restore, ``DEBUG RELOAD``, a failover
+        back to a node that missed later writes): the epoch changes either way.
 
         Returns the time of the snapshot used. The restored lease keeps its
         absolute expiry, as an RDB file does: it may be gone already on load.

@@ -3,9 +3,10 @@
 Safety statement
 ----------------
 One Redis server (or a primary with no failover) gives mutual exclusion under
-the lease manager's timing assumptions: every operation is one Lua script,
-expiry runs on the server's clock, and renew/release compare the holder's lease
-id before touching the key.
+the lease manager's timing assumptions and one of its own, that the Redis
+host's wall clock is never stepped (see below): every operation is one Lua
+script, expiry runs on the server's clock, and renew/release compare the
+holder's lease id before touching the key.
 
 What Redis can do to a lease, and what this store does about it:
 
@@ -14,23 +15,49 @@ What Redis can do to a lease, and what this store does about it:
   brought back behind the latest term (or that was lost) cannot produce an
   earlier token, provided the server's clock does not go back by more than
   the time between two acquisitions.
-* **A store that forgot is noticed by what a restore cannot bring back**: the
-  server's ``run_id``, which changes on every restart. Each acquire records
-  it, and a different one at the next acquire means the store may have
-  forgotten the latest term. That covers a restart without persistence, a
-  restart from an RDB snapshot or an AOF older than the last write, and a
-  failover to a replica. A lease that vanished before the end recorded for it
-  (eviction of the short-TTL lease key by ``maxmemory-policy volatile-*``, or
-  an operator's DEL) counts as forgotten too. Either way the new holder holds
-  off one ttl, since the old holder may still trust its local validity that
-  long. A first acquire on a new store (or on one written by an older version)
-  holds off too. When ``maxmemory`` is set with an eviction policy, the store
+* **A store that forgot is noticed by what a copy of the data cannot bring
+  back**: the data's *incarnation*, read from ``INFO`` inside the acquire
+  script: the server's ``run_id`` (a new one at every start), its replication
+  id (a new one at every promotion of a replica, so a failover and a failover
+  back both change it) and how often commands that replace data in place have
+  run in this process (``FLUSHALL``, ``FLUSHDB``, ``SWAPDB``, ``RESTORE``,
+  ``DEBUG RELOAD``, ``REPLICAOF``). Each acquire records it; a different one
+  at the next acquire means the data may be older than the latest term. That
+  covers a restart without persistence or from an RDB snapshot or AOF older
+  than the last write, a failover to a replica and back, a replica promoted,
+  and data flushed, swapped or reloaded without a restart. Only acquires
+  record it: a renewal or release that a slow network delivers late, on data
+  restored under it, must not make that data look current. A lease that
+  vanished before the end recorded for it (eviction of the short-TTL lease key
+  by ``maxmemory-policy volatile-*``, or an operator's DEL) counts as
+  forgotten too. Either way the new holder holds off one ttl, since the old
+  holder may still trust its local validity that long. A first acquire on a
+  new store (or on one written by an older version) holds off too, and so
+  does a restart that kept every write (the store cannot tell it from one
+  that did not). When ``maxmemory`` is set with an eviction policy, the store
   warns once.
+* **An ACL user without INFO** (``-@dangerous``): the incarnation is
+  unknown, so every acquire holds off one ttl (a handover after a release
+  too), and the store warns once, naming ``+info``. Safe, but slower.
+* **The data alone cannot tell**: an older copy of the data, loaded, looks
+  exactly like data on which the last holder stopped renewing. That is why
+  the incarnation is read from the server, not written into the data. Keys
+  of this store written by hand (SET, RENAME or COPY onto them, a foreign
+  script) are not noticed.
 * **Failover of a replicated Redis** (Sentinel, cluster): the new primary's
-  run id differs, so the new holder holds off as above, and tokens keep
+  incarnation differs, so the new holder holds off as above, and tokens keep
   rising as long as the new primary's clock is not behind. Writes the old
   primary acknowledged but never replicated are lost. Fencing tokens, not the
-  lease, protect your data across such a failover.
+  lease, protect your data across such a failover, and against two primaries
+  at once (a partition in which clients reach both).
+* **The server's wall clock**: Redis keeps a key's expiry as absolute unix
+  milliseconds and compares it with its wall clock (``gettimeofday``; no
+  command exposes a monotonic clock, and ``TIME`` is the wall clock too). A
+  step forward of the Redis host's clock ends every lease early, with no
+  hold-off, while its holder still trusts it: the store host's clock must be
+  slewed, never stepped (NTP or chrony stepping only at boot, before Redis
+  starts). A step back makes leases last longer and can hold tokens back to
+  ``last + 1`` (see above).
 * **Pauses** (a stopped server, a long fork): calls time out on the client
   after ``timeout`` seconds; the holder declares loss before its validity
   ends. An acquire that timed out may still be applied when the server
@@ -40,8 +67,9 @@ What Redis can do to a lease, and what this store does about it:
 Keys, per election name ``N`` (the braces keep them in one cluster slot):
 ``celery-leader:{N}:lease`` (JSON holder record, with a TTL),
 ``celery-leader:{N}:token`` (the fencing counter, no TTL),
-``celery-leader:{N}:meta`` (the run id of the server that recorded the last
-term and the end recorded for the lease; no TTL),
+``celery-leader:{N}:meta`` (the incarnation of the data at the last acquire,
+the server's run id for earlier versions, and the end recorded for the
+lease; no TTL),
 ``celery-leader:{N}:state`` (a hash the holder may write, e.g. beat's last
 sends; no TTL) and the pub/sub
 channel ``celery-leader:{N}:released``.
@@ -89,7 +117,7 @@ def token_key(name: str) -> str:
 
 
 def meta_key(name: str) -> str:
-    """The hash recording which server process saw the last term, and when its lease ends."""
+    """The hash recording the data's incarnation at the last acquire, and when its lease ends."""
     return f"{KEY_PREFIX}:{{{name}}}:meta"
 
 
@@ -113,6 +141,38 @@ _HELD_BY_ARGV1 = """
 """
 
 
+# The incarnation of the data a script sees, compared by ACQUIRE_LUA with the one
+# recorded at the last acquire: anything that can put older or other data under
+# the lease changes it. The server process (run_id: every restart, from any
+# file), its replication id (master_replid: a new one at every promotion, so a
+# failover and a failover back both change it, and a replica that synced takes
+# its primary's), and how often the commands that replace data in place have
+# run in this process (FLUSHALL, FLUSHDB, SWAPDB, RESTORE, DEBUG RELOAD,
+# REPLICAOF; CONFIG RESETSTAT changes the counts too). Every one of these is
+# outside the data: a copy of the data cannot carry a later state of them.
+# Returns (incarnation, run_id), or (false, nil) when INFO is refused (an ACL
+# user with -@dangerous): then nothing can tell a restart, and callers must
+# hold off.
+_INCARNATION = """
+    local function incarnation()
+      local server = redis.pcall('INFO', 'server')
+      local replication = redis.pcall('INFO', 'replication')
+      local stats = redis.pcall('INFO', 'commandstats')
+      if type(server) ~= 'string' or type(replication) ~= 'string'
+         or type(stats) ~= 'string' then
+        return false, nil
+      end
+      local run_id = string.match(server, 'run_id:(%x+)') or '?'
+      local parts = {run_id, string.match(replication, 'master_replid:(%x+)') or '?'}
+      for _, name in ipairs({'flushall', 'flushdb', 'swapdb', 'restore', 'restore%-asking',
+                             'debug', 'replicaof', 'slaveof'}) do
+        parts[#parts + 1] = string.match(stats, 'cmdstat_' .. name .. ':calls=(%d+)') or '0'
+      end
+      return table.concat(parts, ':'), run_id
+    end
+"""
+
+
 class RedisLeaseStore:
     """Leases in one Redis key per election, with Lua compare-and-set."""
 
@@ -129,14 +189,17 @@ class RedisLeaseStore:
     # KEYS[1] lease key, KEYS[2] token counter, KEYS[3] meta hash.
     # ARGV[1] lease id, ARGV[2] holder JSON without its closing brace,
     # ARGV[3] ttl in ms, ARGV[4] lowest token the caller will accept minus one.
-    # Returns {1, token, hold_off_us} when acquired, {0, pttl_ms, value} when not.
+    # Returns {1, token, hold_off_us, 0 or 1} when acquired (1: INFO was refused,
+    # so the data's incarnation is unknown and the hold-off is always one ttl),
+    # {0, pttl_ms, value} when not.
     # Tokens are max(last + 1, server time in us, floor + 1): Lua numbers are
     # doubles, exact to 2^53 (the clock reaches that in the year 2255). They
     # leave Lua through string.format('%d'): tostring() keeps only 14 digits.
-    ACQUIRE_LUA = """
+    ACQUIRE_LUA = (
+        _INCARNATION
+        + """
     local now = redis.call('TIME')
     local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
-    local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
     local current = redis.call('GET', KEYS[1])
     local hold_until = 0
     if current then
@@ -147,8 +210,9 @@ class RedisLeaseStore:
       hold_until = tonumber(rec['hold_until_us']) or 0
     end
     local ttl_us = tonumber(ARGV[3]) * 1000
+    local seen, run_id = incarnation()
     local recorded_end = tonumber(redis.call('HGET', KEYS[3], 'lease_end_us')) or 0
-    if redis.call('HGET', KEYS[3], 'run_id') ~= run_id
+    if not seen or redis.call('HGET', KEYS[3], 'incarnation') ~= seen
        or (not current and recorded_end > now_us) then
       hold_until = now_us + ttl_us  -- the store forgot: the old holder may still act
     end
@@ -161,7 +225,8 @@ class RedisLeaseStore:
     local token = math.max(last + 1, now_us, tonumber(ARGV[4]) + 1)
     local token_text = string.format('%d', token)
     redis.call('SET', KEYS[2], token_text)
-    redis.call('HSET', KEYS[3], 'run_id', run_id,
+    -- run_id is kept for workers of earlier versions during a rolling upgrade.
+    redis.call('HSET', KEYS[3], 'incarnation', seen or '', 'run_id', run_id or '',
                'lease_end_us', string.format('%d', now_us + ttl_us))
     local hold_us = hold_until - now_us
     if hold_us < 0 then hold_us = 0 end
@@ -169,8 +234,11 @@ class RedisLeaseStore:
       .. ',"acquired_at":' .. now[1] .. '.' .. string.format('%06d', tonumber(now[2]))
       .. ',"hold_until_us":' .. string.format('%d', hold_until) .. '}'
     redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
-    return {1, token_text, hold_us}
+    local blind = 0
+    if not seen then blind = 1 end
+    return {1, token_text, hold_us, blind}
     """
+    )
 
     # KEYS[1] lease key, KEYS[2] meta hash. ARGV[1] lease id, ARGV[2] ttl in ms.
     # Returns 1 when the lease was ours and now lasts ttl from now, else 0.
@@ -224,6 +292,7 @@ class RedisLeaseStore:
         self._read = client.register_script(self.READ_LUA)
         self._set_state = client.register_script(self.SET_STATE_LUA)
         self._eviction_checked = False
+        self._info_warned = False
 
     @classmethod
     def from_url(
@@ -283,6 +352,8 @@ class RedisLeaseStore:
             )
         self._warn_if_evicting()
         if int(reply[0]) == 1:
+            if int(reply[3]) == 1:
+                self._warn_without_info()
             return AcquireResult(acquired=True, token=int(reply[1]), hold_off=int(reply[2]) / 1e6)
         pttl_ms = int(reply[1])
         record = _parse_record(reply[2], pttl_ms / 1000, 0.0)
@@ -291,6 +362,18 @@ class RedisLeaseStore:
             holder=record,
             retry_in=pttl_ms / 1000 if pttl_ms >= 0 else None,
             foreign=record is None,
+        )
+
+    def _warn_without_info(self) -> None:
+        """Once per store: say that the ACL user lacks INFO, and what that costs."""
+        if self._info_warned:
+            return
+        self._info_warned = True
+        logger.warning(
+            "celery-leader: %s refuses INFO to this user, so a restart or reload of Redis "
+            "cannot be told apart: every new leader waits one ttl; grant +info "
+            "(ACL SETUSER <user> +info) for immediate handovers",
+            self.url,
         )
 
     def _warn_if_evicting(self) -> None:
