@@ -96,12 +96,18 @@ class RunTable:
 
     def __init__(self) -> None:
         self._slots = mmap.mmap(-1, _SLOT.size * RUN_SLOTS)
+        # One byte per slot, set before a run is written and cleared after it
+        # is emptied: readers find the slots in use with one C-level search
+        # instead of unpacking every slot (the watchdog reads 100 times a second).
+        self._occupied = mmap.mmap(-1, RUN_SLOTS)
         self._kills = mmap.mmap(-1, _HEAD.size + _KILL.size * KILL_RING)
 
     # -- slots (each written by its own child) --------------------------------
 
     def _write(self, index: int, pid: int, token: int, flags: int, started: int) -> None:
         offset = index * _SLOT.size
+        if pid:
+            self._occupied[index] = 1
         (seq,) = _SEQ.unpack_from(self._slots, offset)
         # Odd whatever parity an earlier writer killed mid-write left behind.
         begin = seq + 1 if seq % 2 == 0 else seq + 2
@@ -109,6 +115,8 @@ class RunTable:
         _SEQ.pack_into(self._slots, offset, begin)  # odd: write in progress
         _BODY.pack_into(self._slots, offset + _SEQ.size + _WRITER.size, pid, token, flags, started)
         _SEQ.pack_into(self._slots, offset, begin + 1)
+        if not pid:
+            self._occupied[index] = 0
 
     def enter(self, index: int, token: int, *, terminate: bool) -> None:
         """Record that the calling process (pool child *index*) runs leader work of *token*."""
@@ -148,17 +156,18 @@ class RunTable:
     def busy(self) -> list[Run]:
         """The slots in use (stale ones included), each read consistently.
 
-        One bulk copy finds candidate slots cheaply; each is then re-read
-        with its sequence check.
+        The occupancy bytes name the candidate slots (a slot being written,
+        or left torn, is occupied too); each is then read with its sequence
+        check.
         """
+        occupied = self._occupied[:]
         found = []
-        for index, (seq, _writer, candidate, *_rest) in enumerate(
-            _SLOT.iter_unpack(bytes(self._slots))
-        ):
-            if candidate or seq % 2:
-                run = self.slot(index)
-                if run is not None:
-                    found.append(run)
+        index = occupied.find(1)
+        while index != -1:
+            run = self.slot(index)
+            if run is not None:
+                found.append(run)
+            index = occupied.find(1, index + 1)
         return found
 
     def running(self, token: int, exclude_pid: int = 0) -> list[Run]:

@@ -38,6 +38,7 @@ from celery_leader.tasks import ensure_router, resolve_leader_tasks
 from celery_leader.term_end import KILLABLE_POOLS
 from celery_leader.worker import control as _control  # noqa: F401 - registers the commands
 from celery_leader.worker.coordinator import Coordinator, current_coordinator
+from celery_leader.worker.redelivery import warn_about_visibility
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +174,9 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
         except ConfigurationError as exc:
             raise WorkerConfigurationError(f"celery-leader: {exc}") from None
         resolve_leader_tasks(worker.app)
+        warn_about_visibility(
+            worker.app, [t for t in worker.app.tasks.values() if getattr(t, "leader_only", False)]
+        )
         kind = pool_kind(worker)
         _check_pool_size(worker, kind)
         coordinator = Coordinator(settings, store, nodename=worker.hostname, pool_kind=kind)

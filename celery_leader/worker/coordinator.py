@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery.worker import state as worker_state
+from celery.worker.state import task_ready, task_reserved
 
 from celery_leader import signals
 from celery_leader.lease import EventKind, LeaseEvent, LeaseManager, Role, Term
@@ -56,6 +57,13 @@ from celery_leader.term_end import (
 )
 from celery_leader.worker.dispatch import SerialDispatcher
 from celery_leader.worker.eta import held_for_eta
+from celery_leader.worker.redelivery import (
+    DROP,
+    RUN,
+    Redeliveries,
+    describe_parking,
+    release_copies,
+)
 from celery_leader.worker.wakeup import (
     can_wake_blocking_loop,
     wake_blocking_loop,
@@ -166,6 +174,8 @@ class Coordinator:
         self._started = False
         self._signals: SerialDispatcher | None = None
         self._lock = threading.Lock()
+        #: Leader runs by task id, and their messages delivered again meanwhile.
+        self.redeliveries = Redeliveries()
         #: Ends prefork runs at their term's deadline (see celery_leader.term_end).
         self.watchdog = Watchdog(self.shared) if pool_kind in KILLABLE_POOLS else None
 
@@ -296,6 +306,52 @@ class Coordinator:
     def policy_for(self, task: Any) -> OnLoss:
         """The on_loss policy that applies to runs of *task* in this pool."""
         return effective_policy(getattr(task, "leader_on_loss", None), self.pool_kind)
+
+    def admit_delivery(self, request: Any) -> bool:
+        """True to run *request* now; False when it is a copy of a run's message (kept or dropped).
+
+        Loop thread, at the gate. See :mod:`celery_leader.worker.redelivery`.
+        """
+        verdict = self.redeliveries.admit(request)
+        if verdict == RUN:
+            return True
+        task_ready(request)  # not reserved any more: the hand-back at a term's end skips it
+        if verdict == DROP:
+            logger.info(
+                "celery-leader: %s was delivered again after its run completed here; "
+                "acknowledged without running",
+                request.humaninfo(),
+            )
+            request.acknowledge()
+            return False
+        logger.warning(describe_parking(request))
+        qos = getattr(self.consumer, "qos", None)
+        if qos is not None:
+            qos.increment_eventually()  # the copy must not hold a prefetch slot meanwhile
+        return False
+
+    def run_settled(self, request: Any, *, completed: bool) -> None:
+        """The run of *request* ended (any thread): settle the copies that waited for it."""
+        copies = self.redeliveries.settle(request, completed=completed)
+        if copies:
+            self.post(
+                lambda: release_copies(
+                    copies, completed=completed, redispatch=self._redispatch, unpark=self._unpark
+                )
+            )
+
+    def _unpark(self) -> None:
+        qos = getattr(self.consumer, "qos", None)
+        if qos is not None:
+            qos.decrement_eventually()
+
+    def _redispatch(self, request: Any) -> None:
+        """Hand a copy that waited to the worker again: through the gate, as on receipt."""
+        consumer = self.consumer
+        if consumer is None:
+            return  # reconnecting: the broker delivers the unacknowledged message again
+        task_reserved(request)
+        consumer.on_task_request(request)
 
     def on_gate_refused(self) -> None:
         """A leader message reached us without a lease: make sure we stop consuming."""

@@ -84,12 +84,42 @@ class LeaderRequest(Request):  # type: ignore[misc]
         self._request_dict["leader_token"] = token
         self._request_dict["leader_on_loss"] = coordinator.policy_for(self.task).value
         if _called_from(sys._getframe(1), "execute_using_pool"):
+            if self.task.acks_late and not coordinator.admit_delivery(self):
+                return True  # delivered again while its run goes on (see worker.redelivery)
             # The pool gets it next: from now on it belongs to the pool and is
             # never handed back. (Celery also asks revoked() on receipt of a
             # message with an expiry; such a request may still wait for its
             # ETA, and stays one to hand back.)
             self.leader_dispatched = True
         return False
+
+    def acknowledge(self) -> None:
+        """Acknowledge the message; for a run, settle the copies that waited for it.
+
+        Celery acknowledges an ``acks_late`` run when it returned, and also
+        when it failed or timed out (``acks_on_failure_or_timeout``): only
+        the first counts as completed. (Celery's per-task request class
+        replaces ``on_success`` without calling it, so the failure paths are
+        the ones marked.)
+        """
+        super().acknowledge()
+        self._run_settled(completed=not self.leader_failed)
+
+    def reject(self, requeue: bool = False) -> None:
+        """Reject the message; for a run, settle the copies that waited for it."""
+        super().reject(requeue)
+        self._run_settled(completed=False)
+
+    def on_timeout(self, soft: bool, timeout: float) -> Any:
+        """A hard time limit ends the run as a failure."""
+        if not soft:
+            self.leader_failed = True
+        return super().on_timeout(soft, timeout)
+
+    def _run_settled(self, *, completed: bool) -> None:
+        coordinator = current_coordinator()
+        if coordinator is not None and self.leader_dispatched:
+            coordinator.run_settled(self, completed=completed)
 
     def hand_back(self, why: str) -> None:
         """Return the message to the broker for the leader; forget it here.
@@ -120,17 +150,23 @@ class LeaderRequest(Request):  # type: ignore[misc]
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> Any:
         """A run stopped because its term ended is handed back, not recorded as FAILURE."""
-        exc = getattr(exc_info, "exception", None)
-        if exc is None or not ended_by_term(self, exc, shared_lease()):
-            return super().on_failure(exc_info, send_failed_event, return_ok)
-        task_ready(self)
-        settle_stopped_run(self)
-        return None
+        self.leader_failed = True
+        try:
+            exc = getattr(exc_info, "exception", None)
+            if exc is None or not ended_by_term(self, exc, shared_lease()):
+                return super().on_failure(exc_info, send_failed_event, return_ok)
+            task_ready(self)
+            settle_stopped_run(self)
+            return None
+        finally:
+            self._run_settled(completed=False)  # also when the message stays unacknowledged
 
     #: Set when the parent killed this run because its term ended.
     leader_killed = False
     #: Set when the gate handed this request to the pool.
     leader_dispatched = False
+    #: Set when its run failed (raised, timed out, or its process was lost).
+    leader_failed = False
 
     @property
     def leader_token(self) -> Any:

@@ -30,7 +30,12 @@ Never allowed:
   counted apart;
 * a **run never ended**: neither an end row nor a gone row (the runner takes
   a last look at every pid before it kills the workers, so every run has one
-  or the other).
+  or the other);
+* a **message run again while it ran**: a second run of one message starting
+  before an earlier run of it ended (a broker's redelivery after its
+  visibility timeout, started beside the run instead of waiting for it).
+  Exempt, as above: an earlier run in a worker whose whole process group was
+  frozen during it.
 
 Counted and reported:
 * **runs ended by a kill**: runs whose end is a gone row;
@@ -66,6 +71,7 @@ class Summary:
     frozen_overlaps: int = 0
     killed: int = 0
     never_ended: list[dict[str, Any]] = field(default_factory=list)
+    rerun_while_running: list[dict[str, Any]] = field(default_factory=list)
     duplicates: int = 0
     lost: list[int] = field(default_factory=list)
     terms: int = 0
@@ -86,6 +92,11 @@ class Summary:
             )
         if self.never_ended:
             found.append(f"{len(self.never_ended)} runs never ended: {self.never_ended[:3]}")
+        if self.rerun_while_running:
+            found.append(
+                f"{len(self.rerun_while_running)} messages run again while they ran: "
+                f"{self.rerun_while_running[:3]}"
+            )
         return found
 
     def table(self) -> str:
@@ -100,6 +111,7 @@ class Summary:
             ("  same, worker's group frozen (fencing judged)", self.frozen_overlaps),
             ("runs ended by a kill (process gone)", self.killed),
             ("runs never ended (must be 0)", len(self.never_ended)),
+            ("messages run again while they ran (must be 0)", len(self.rerun_while_running)),
             ("duplicated messages (at-least-once)", self.duplicates),
             ("lost messages", len(self.lost)),
         ]
@@ -142,6 +154,13 @@ def run_ends(
     return found
 
 
+def _frozen_during(freezes: list[Freeze], run: dict[str, Any], end: float) -> bool:
+    """True when *run*'s worker had its whole process group frozen while the run lasted."""
+    return any(
+        f.worker == run.get("worker") and f.start < end and f.end > run["at"] for f in freezes
+    )
+
+
 def check(rows: list[dict[str, Any]], sent: int, freezes: Iterable[Freeze] = ()) -> Summary:
     """Check a chaos history; see the module docstring for the rules."""
     summary = Summary(sent=sent)
@@ -170,11 +189,19 @@ def check(rows: list[dict[str, Any]], sent: int, freezes: Iterable[Freeze] = ())
     first_start_of_term: dict[int, float] = {}
     for row in starts:
         first_start_of_term.setdefault(row["token"], row["at"])
+    runs_of_message: dict[Any, list[tuple[dict[str, Any], float]]] = defaultdict(list)
     for row, ended in zip(starts, run_ends(starts, rows), strict=True):
         if ended is None:
             summary.never_ended.append(row)
             continue
         end, how = ended
+        for earlier, earlier_end in runs_of_message[row.get("i")]:
+            if earlier_end > row["at"] and not _frozen_during(freezes, earlier, earlier_end):
+                summary.rerun_while_running.append(
+                    {**row, "earlier_pid": earlier.get("pid"), "earlier_ended": earlier_end}
+                )
+                break
+        runs_of_message[row.get("i")].append((row, end))
         summary.killed += how == "gone"
         newer = [
             (began, token)
@@ -184,9 +211,7 @@ def check(rows: list[dict[str, Any]], sent: int, freezes: Iterable[Freeze] = ())
         if not newer:
             continue
         began, token = min(newer)
-        if any(
-            f.worker == row.get("worker") and f.start < end and f.end > row["at"] for f in freezes
-        ):
+        if _frozen_during(freezes, row, end):
             summary.frozen_overlaps += 1
             continue
         summary.in_flight_overlaps.append(

@@ -7,7 +7,9 @@ injecting faults: SIGKILL, SIGSTOP-past-the-ttl (of the whole process group,
 and of the main process alone) and SIGTERM of the leader, restarting the
 lease Redis empty, pausing it past the ttl, cutting one worker off the store
 (blackhole, drop, delay) and healing it, slowing that worker's store replies
-(each just in time, then held, with the server's scripts flushed), and
+(each just in time, then held, with the server's scripts flushed), a run
+longer than the Redis broker's visibility timeout (the broker delivers it
+again while it runs; every other long run stays shorter than the timeout), and
 restarting the broker with its messages: the Redis broker with its
 append-only file, or a private RabbitMQ node (tests.servers.RabbitMQServer,
 never the machine's) with its data dir, so durable queues keep their
@@ -59,6 +61,10 @@ from tests.chaos.checker import Freeze, Summary, check
 from tests.chaos.proxy import FaultProxy
 from tests.integration.conftest import ROOT, TASKS, Worker
 from tests.servers import RabbitMQServer, RedisServer
+
+#: The Redis broker's visibility timeout, seconds: above the long runs of three ttls
+#: (6 s), so that only the fault made for it outlasts it.
+VISIBILITY = 8.0
 
 
 class RunWatcher:
@@ -213,13 +219,13 @@ class ChaosRun:
             "LEADER_HISTORY": self.history.url,
             "LEADER_NAME": self.name,
             "LEADER_TTL": str(config.ttl),
-            "LEADER_VISIBILITY": "4",
+            "LEADER_VISIBILITY": str(VISIBILITY),
             "PYTHONPATH": str(ROOT),
         }
         self.workers: dict[int, Worker] = {}
         self.generation = 0
         self.client = Celery("chaos-client", broker=broker_url)
-        transport_options: dict[str, object] = {"visibility_timeout": 4}
+        transport_options: dict[str, object] = {"visibility_timeout": VISIBILITY}
         if config.broker == "rabbitmq":
             # Without confirms, basic.publish returns once the bytes are in
             # the socket: a message published just before the broker goes
@@ -300,7 +306,7 @@ class ChaosRun:
                 continue
             self._stop.wait(self.config.send_every)
 
-    def long_run(self) -> str:
+    def long_run(self, seconds: float | None = None) -> str:
         """Send a run of three ttls and wait (3 s at most) until it starts; what happened.
 
         The faults that stop a leader's work from inside its worker (a stalled
@@ -308,7 +314,7 @@ class ChaosRun:
         runs are too short to be caught by the end of a term.
         """
         try:
-            i = self.send(self.config.ttl * 3)
+            i = self.send(self.config.ttl * 3 if seconds is None else seconds)
         except Exception:  # noqa: BLE001 - the broker may be restarting
             return "no long run in flight (not sent)"
         deadline = time.monotonic() + 3
@@ -322,6 +328,16 @@ class ChaosRun:
         return f"long run i={i} not started yet"
 
     # -- faults ---------------------------------------------------------------
+
+    def fault_outlast_visibility(self) -> str:
+        """A run longer than the Redis broker's visibility timeout, on purpose.
+
+        The broker delivers its message again while it runs; the leader must
+        not start the copy beside it (the checker's "run again while it ran").
+        The other long runs (three ttls) stay shorter than the timeout.
+        """
+        run = self.long_run(VISIBILITY + 2.0)
+        return f"{run}, longer than the visibility timeout ({VISIBILITY:g} s)"
 
     def fault_kill_leader(self) -> str:
         found = self.leader()
@@ -433,6 +449,7 @@ class ChaosRun:
             self.fault_cut_network,
             self.fault_slow_store,
             self.fault_restart_broker,
+            self.fault_outlast_visibility,
         ]
         self.log(
             f"chaos: seed {self.config.seed}, broker {self.config.broker}, "

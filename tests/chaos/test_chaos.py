@@ -178,3 +178,23 @@ def test_checker_reports_a_run_that_never_ended_apart_from_overlaps():
     assert any("never ended" in v for v in summary.violations())
     table = dict(line.rsplit(None, 1) for line in summary.table().splitlines())
     assert table["  runs never ended (must be 0)"] == "1"
+
+
+def test_checker_names_a_message_run_again_while_it_ran():
+    """A redelivered copy started beside its running original is a violation of its own."""
+    rows = [
+        row("start", 0, 5, 1.0, pid=10, worker="w1"),
+        row("start", 0, 5, 2.0, pid=11, worker="w1"),  # the copy, while the first runs
+        row("end", 0, 5, 3.0, pid=10),
+        row("end", 0, 5, 4.0, pid=11),
+        row("start", 1, 5, 5.0, pid=10),
+        row("end", 1, 5, 6.0, pid=10),
+        row("start", 1, 5, 6.5, pid=10),  # run again after it ended: a duplicate, allowed
+        row("end", 1, 5, 7.0, pid=10),
+    ]
+    summary = check(rows, 2)
+    assert [r["pid"] for r in summary.rerun_while_running] == [11]
+    assert summary.duplicates == 2
+    assert summary.violations() and "run again while they ran" in summary.violations()[0]
+    frozen = check(rows, 2, [Freeze("w1", 0.5, 3.5)])
+    assert frozen.rerun_while_running == [], "a frozen worker's run is judged by fencing only"

@@ -1,0 +1,194 @@
+"""A leader message delivered again while its run goes on: it waits, and never runs beside it.
+
+Brokers with a visibility timeout (Redis, SQS) deliver an unacknowledged
+message again once the timeout passes, whether or not a worker still runs
+it. Leader-only tasks are ``acks_late``, so a leader run longer than the
+timeout gets its own message back while it runs; without this module the
+leader would start the copy in the next free pool slot, and a copy that
+outlasts the timeout again would loop for ever.
+
+The leader is the only consumer of its queue and knows what it runs. For
+every ``acks_late`` leader message it hands to the pool, this module keeps
+the task id until the run settles. A message whose task id:
+
+* **runs here now** is *parked*: not run, not acknowledged, and not counted
+  against the prefetch limit (as Celery does for ETA messages), so other
+  leader work keeps flowing. When the run settles, each parked copy is
+  acknowledged without running if the run completed, and goes through the
+  gate again otherwise (the run failed, was killed, or was handed back):
+  at most one copy then runs, the others park behind it;
+* **completed here recently** (the last :data:`REMEMBERED` ids) is
+  acknowledged without running.
+
+Assumptions and limits: the record is in the worker's main process only.
+A copy that reaches another worker (after a failover, or a restart of this
+one) runs there, as any redelivered ``acks_late`` message does; a run that
+outlasts the visibility timeout should still have a ``time_limit`` below it
+(the worker warns at start when it does not). Task ids are assumed unique
+per message except for redeliveries, as Celery assumes; a task that calls
+``self.retry()`` sends its retry under the same id, and runs it, since a
+retried run has not completed.
+
+Threads: the gate and the hand-back run on the consumer's loop thread;
+settlement may be reported from a pool's thread, so state sits under a lock
+and the actions go to the loop through the callables given.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: How many completed task ids each worker remembers, newest kept.
+REMEMBERED = 4096
+
+#: What the gate does with a message: run it, park it, or drop it (acknowledged, not run).
+RUN, PARK, DROP = "run", "park", "drop"
+
+
+class Redeliveries:
+    """Leader runs of this worker by task id, with the copies that wait for them."""
+
+    def __init__(self, remembered: int = REMEMBERED) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[str, weakref.ref[Any]] = {}
+        self._parked: dict[str, list[Any]] = {}
+        self._completed: OrderedDict[str, None] = OrderedDict()
+        self._remembered = remembered
+
+    def admit(self, request: Any) -> str:
+        """:data:`RUN` (now recorded as running), :data:`PARK` (kept here) or :data:`DROP`."""
+        task_id = request.id
+        with self._lock:
+            if task_id in self._completed:
+                return DROP
+            ref = self._running.get(task_id)
+            original = ref() if ref is not None else None
+            if original is not None and original is not request and not _settled(original):
+                self._parked.setdefault(task_id, []).append(request)
+                return PARK
+            self._running[task_id] = weakref.ref(request)
+            return RUN
+
+    def settle(self, request: Any, *, completed: bool) -> list[Any]:
+        """The run of *request* ended; returns the copies that waited for it (now released).
+
+        Idempotent: a second report of the same run returns nothing.
+        """
+        task_id = request.id
+        with self._lock:
+            ref = self._running.get(task_id)
+            if ref is None or ref() is not request:
+                return []
+            del self._running[task_id]
+            if completed:
+                self._completed[task_id] = None
+                while len(self._completed) > self._remembered:
+                    self._completed.popitem(last=False)
+            return self._parked.pop(task_id, [])
+
+    def parked(self) -> int:
+        """How many copies wait for a run."""
+        with self._lock:
+            return sum(len(copies) for copies in self._parked.values())
+
+
+def _settled(request: Any) -> bool:
+    """True once *request*'s message was acknowledged or rejected (its run is over)."""
+    return bool(getattr(request, "acknowledged", False))
+
+
+def release_copies(
+    copies: list[Any],
+    *,
+    completed: bool,
+    redispatch: Callable[[Any], None],
+    unpark: Callable[[], None],
+) -> None:
+    """Settle the copies that waited for a run: acknowledge them, or send them to the gate again.
+
+    *unpark* gives back the prefetch slot a parked copy was lent;
+    *redispatch* hands a copy to the worker again (loop thread).
+    """
+    for copy in copies:
+        unpark()
+        if completed:
+            logger.info(
+                "celery-leader: %s was delivered again while it ran; its run completed, so the "
+                "copy is acknowledged without running",
+                copy.humaninfo(),
+            )
+            copy.acknowledge()
+        else:
+            redispatch(copy)
+
+
+def describe_parking(request: Any) -> str:
+    """The log line for a copy that waits for its run."""
+    return (
+        f"celery-leader: {request.humaninfo()} was delivered again while it runs here (the "
+        "broker's visibility timeout passed); the copy waits for that run and runs only if "
+        "the run does not complete"
+    )
+
+
+#: Brokers that deliver an unacknowledged message again after a visibility timeout,
+#: with kombu's default timeout for each, in seconds.
+VISIBILITY_DEFAULTS = {"redis": 3600.0, "rediss": 3600.0, "sentinel": 3600.0, "sqs": 1800.0}
+
+
+def visibility_timeout(app: Any) -> float | None:
+    """The broker's visibility timeout in seconds, or None for a broker without one."""
+    url = app.conf.broker_url or ""
+    first = (url[0] if isinstance(url, (list, tuple)) and url else str(url)).split(";")[0]
+    scheme = first.split("://", 1)[0].split("+", 1)[0].lower()
+    if scheme not in VISIBILITY_DEFAULTS:
+        return None
+    options = app.conf.broker_transport_options or {}
+    return float(options.get("visibility_timeout", VISIBILITY_DEFAULTS[scheme]))
+
+
+def outlasting_tasks(app: Any, tasks: list[Any]) -> tuple[float, list[str]] | None:
+    """(visibility timeout, names of acks_late leader tasks whose time limit is unset or longer).
+
+    None when the broker has no visibility timeout or every task is bounded below it.
+    """
+    timeout = visibility_timeout(app)
+    if timeout is None:
+        return None
+    default_limit = app.conf.task_time_limit
+    names = sorted(
+        task.name
+        for task in tasks
+        if task.acks_late
+        and ((limit := task.time_limit or default_limit) is None or float(limit) >= timeout)
+    )
+    return (timeout, names) if names else None
+
+
+#: Task names the start-up warning lists before it says how many more there are.
+NAMES_SHOWN = 5
+
+
+def warn_about_visibility(app: Any, tasks: list[Any]) -> None:
+    """Log one warning at start for leader tasks that may outlast the visibility timeout."""
+    found = outlasting_tasks(app, tasks)
+    if found is None:
+        return
+    timeout, names = found
+    more = len(names) - NAMES_SHOWN
+    shown = ", ".join(names[:NAMES_SHOWN]) + (f" and {more} more" if more > 0 else "")
+    logger.warning(
+        "celery-leader: leader tasks %s have no time_limit below the broker's visibility_timeout "
+        "(%g s): a run that lasts longer is delivered again while it runs. This leader keeps the "
+        "copy until the run ends, but another worker (after a failover or a restart) would run "
+        "it: set time_limit below broker_transport_options['visibility_timeout'], or raise it",
+        shown,
+        timeout,
+    )

@@ -1,0 +1,95 @@
+"""The record of leader runs by task id that keeps a redelivered copy from running beside them."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from celery_leader.worker.redelivery import (
+    DROP,
+    PARK,
+    RUN,
+    Redeliveries,
+    outlasting_tasks,
+    visibility_timeout,
+)
+
+
+class Message:
+    def __init__(self, task_id):
+        self.id, self.acknowledged = task_id, False
+
+
+def test_a_copy_waits_for_its_run_and_is_dropped_when_the_run_completed():
+    runs = Redeliveries()
+    original, copy, later = Message("a"), Message("a"), Message("a")
+    assert runs.admit(original) == RUN
+    assert runs.admit(copy) == PARK
+    assert runs.parked() == 1
+    assert runs.settle(original, completed=True) == [copy]
+    assert runs.settle(original, completed=True) == [], "a second report settles nothing"
+    assert runs.admit(later) == DROP, "a copy arriving after completion is not run"
+
+
+def test_a_copy_runs_when_the_run_did_not_complete():
+    runs = Redeliveries()
+    original, first, second = Message("b"), Message("b"), Message("b")
+    assert runs.admit(original) == RUN
+    assert runs.admit(first) == PARK
+    assert runs.admit(second) == PARK
+    assert runs.settle(original, completed=False) == [first, second]
+    assert runs.admit(first) == RUN, "one copy runs"
+    assert runs.admit(second) == PARK, "the others wait behind it"
+
+
+def test_a_run_settled_without_a_report_does_not_hold_its_copies():
+    """An original already acknowledged (its report missed) never parks a copy for ever."""
+    runs = Redeliveries()
+    original, copy = Message("c"), Message("c")
+    assert runs.admit(original) == RUN
+    original.acknowledged = True
+    assert runs.admit(copy) == RUN
+
+
+def test_completed_ids_are_remembered_up_to_a_bound():
+    runs = Redeliveries(remembered=2)
+    for task_id in "xyz":
+        message = Message(task_id)
+        runs.admit(message)
+        runs.settle(message, completed=True)
+    assert runs.admit(Message("x")) == RUN, "the oldest was forgotten"
+    assert runs.admit(Message("z")) == DROP
+
+
+def test_visibility_timeout_per_broker():
+    app = Celery("v", broker="redis://127.0.0.1:1/0")
+    assert visibility_timeout(app) == 3600.0
+    app.conf.broker_transport_options = {"visibility_timeout": 40}
+    assert visibility_timeout(app) == 40.0
+    assert visibility_timeout(Celery("v", broker="amqp://guest@127.0.0.1//")) is None
+    assert visibility_timeout(Celery("v", broker="sqs://")) == 1800.0
+
+
+def test_the_warning_names_leader_tasks_that_may_outlast_the_visibility_timeout():
+    app = Celery("v", broker="redis://127.0.0.1:1/0")
+    app.conf.broker_transport_options = {"visibility_timeout": 60}
+
+    @app.task(acks_late=True)
+    def unbounded():
+        pass
+
+    @app.task(acks_late=True, time_limit=30)
+    def bounded():
+        pass
+
+    @app.task(acks_late=True, time_limit=90)
+    def too_long():
+        pass
+
+    @app.task(acks_late=False)
+    def acked_early():
+        pass
+
+    tasks = [unbounded, bounded, too_long, acked_early]
+    assert outlasting_tasks(app, tasks) == (60.0, sorted([unbounded.name, too_long.name]))
+    app.conf.task_time_limit = 10
+    assert outlasting_tasks(app, tasks) == (60.0, [too_long.name])
