@@ -38,7 +38,8 @@ last runs to Redis before each publish and needs none of this.
 
 What each policy guarantees. A publish and its mark are two writes to two
 systems, so a window of milliseconds between them cannot be closed. An old
-leader that published and died inside it leaves the slot unmarked.
+leader that published and died inside it (or whose mark the store did not
+take within ``leader_store_timeout``) leaves the slot unmarked.
 ``"once"`` then sends that slot again: at least once per slot. ``"skip"``
 does not: at most once per slot. Outside that window, no slot is sent before
 its time, none twice, and none skipped.
@@ -50,6 +51,12 @@ beat sends. It does not compete again for one ttl.
 
 Every message beat sends carries the beat term's fencing token in the header
 ``leader_beat_token``; the leader re-checks its lease right before each send.
+From before that check until the send's mark is written, the lease is never
+released (it can only expire, one ttl after its last renewal), so no other
+beat takes over while the send may still land unmarked. Beat's own store
+calls (reading the marks, writing one) are bounded by ``leader_store_timeout``
+like the lease thread's: a slow or hung store holds beat's tick no longer
+than that per call.
 """
 
 from __future__ import annotations
@@ -59,12 +66,15 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from celery.utils.imports import load_extension_class_names, symbol_by_name
 
+from celery_leader._masking import mask_text
 from celery_leader.beat_state import ScheduleState, schedule_time, state_of
+from celery_leader.bounded import BoundedCaller, StoreCallTimeoutError
 from celery_leader.exceptions import ConfigurationError, StoreError
 from celery_leader.lease import LeaseManager
 from celery_leader.settings import (
@@ -81,6 +91,8 @@ from celery_leader.stores.base import Holder
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 TOKEN_HEADER = "leader_beat_token"  # noqa: S105 - a header name, not a secret
 #: The longest the leader sleeps between ticks (beat's loop sleeps uninterruptibly).
 MAX_TICK = 0.5
@@ -92,8 +104,55 @@ STANDBY_TICK = 0.1
 SLOT_TOLERANCE = 0.1
 
 
+class _MarkWrite:
+    """One send mark on its way from beat's loop to the store.
+
+    The write is fenced by the lease id it names (the store refuses it once
+    that lease is gone). One given up on at its bound may still land later;
+    until it has landed or failed, that lease must not be released: released
+    first, the late write would be refused and the next leader would find no
+    mark for a slot that was sent.
+    """
+
+    def __init__(self, lease_id: str) -> None:
+        self.lease_id = lease_id
+        self._lock = threading.Lock()
+        self._begun = False
+        self._given_up = False
+        self._finished = threading.Event()
+
+    def run(self, write: Callable[[], bool]) -> bool:
+        """Run *write* (on the helper thread), unless the caller gave up before it began."""
+        with self._lock:
+            if self._given_up:
+                raise StoreCallTimeoutError("send mark not written: given up before it began")
+            self._begun = True
+        try:
+            return write()
+        finally:
+            self._finished.set()
+
+    def give_up(self) -> bool:
+        """The caller stops waiting for the write; True when it may still land."""
+        with self._lock:
+            self._given_up = True
+            return self._begun and not self._finished.is_set()
+
+    @property
+    def may_land(self) -> bool:
+        """True until the write has returned (landed, refused or failed)."""
+        return not self._finished.is_set()
+
+
 class BeatElection:
-    """Beat's lease: a LeaseManager plus the shared last-send marks."""
+    """Beat's lease: a LeaseManager plus the shared last-send marks.
+
+    Beat's own store calls (reading the marks, writing one) run from beat's
+    loop, not from the lease thread, and are bounded in wall time by
+    ``leader_store_timeout`` as the lease thread's are
+    (:mod:`celery_leader.bounded`): a slow or hung store holds beat's tick for
+    at most that long per call.
+    """
 
     def __init__(self, settings: LeaderSettings) -> None:
         self.settings = settings
@@ -115,6 +174,11 @@ class BeatElection:
         self._publish_failed_at: float | None = None
         #: When the publish now in flight began (monotonic), or None.
         self._publishing_since: float | None = None
+        #: Send marks given up on at their bound that may still land (see _MarkWrite).
+        self._landing: list[_MarkWrite] = []
+        self._landing_lock = threading.Lock()
+        #: Runs beat's store calls, each bounded by the store timeout.
+        self._calls = BoundedCaller(f"{settings.name}:beat-loop")
         #: True while Celery connects to the broker for this beat (it may retry for minutes).
         self.connecting = False
         #: When this beat began taking a term over (reading a long schedule), or None.
@@ -154,6 +218,7 @@ class BeatElection:
             if self._started:
                 self.manager.stop(release=True)
                 self._started = False
+        self._calls.close()
         self.store.close()
 
     # -- liveness -------------------------------------------------------------
@@ -172,13 +237,23 @@ class BeatElection:
         return self._started
 
     def publishing(self) -> None:
-        """A publish begins (beat's loop does not tick until it returns)."""
+        """A send may begin: until :meth:`published`, the lease is not released.
+
+        Called *before* :meth:`leading` is read (see :meth:`no_publish_in_flight`).
+        Beat's loop does not tick until the send is over.
+        """
         self._publishing_since = time.monotonic()
 
-    def published(self, ok: bool) -> None:
-        """The publish in flight succeeded (*ok*) or failed."""
+    def published(self, ok: bool | None) -> None:
+        """The send announced by :meth:`publishing` is over.
+
+        *ok* is True when it was published (and its mark written or given
+        up on), False when the publish failed, None when nothing was
+        published (this beat did not lead).
+        """
         self._publishing_since = None
-        self._publish_failed_at = None if ok else time.monotonic()
+        if ok is not None:
+            self._publish_failed_at = None if ok else time.monotonic()
 
     def is_live(self) -> bool:
         """True while this beat can send: it ticks, and its last publish did not fail lately.
@@ -197,25 +272,61 @@ class BeatElection:
         return failed_at is None or now - failed_at > self.settings.timing.ttl
 
     def waiting_on_broker(self) -> bool:
-        """True while beat connects to the broker or a publish is in flight."""
+        """True while beat connects to the broker or a publish (with its mark) is in flight."""
         return self.connecting or self._publishing_since is not None
 
     def no_publish_in_flight(self, term: Any) -> bool:
-        """The release guard: never hand the lease over while a send may still land.
+        """The release guard: never hand the lease over while a send, or its mark, may still land.
 
-        With a publish in flight the lease is not released; it ends in the
-        store at its expiry, so the next beat starts at least one ttl later.
+        With a send in flight (from :meth:`publishing` to :meth:`published`,
+        which spans reading :meth:`leading`, the publish and writing its
+        mark), or with a mark given up on at its bound that may still land
+        under the lease being released, the lease is not released; it ends
+        in the store at its expiry, so the next beat starts at least one ttl
+        later and, if the mark landed, reads it.
+
+        Why no send can slip past: the lease thread turns the term over (so
+        :meth:`leading` returns None) *before* it asks this guard, and beat
+        raises its flag *before* it reads :meth:`leading`. Either the guard
+        sees the flag, or beat's read sees the term over.
         """
-        return self._publishing_since is None
+        if self._publishing_since is not None:
+            return False
+        # The lease id is new for every term and is replaced only at the next
+        # acquire: here it is the one of the term being released.
+        lease_id = self.manager.holder.lease_id
+        with self._landing_lock:
+            self._landing = [write for write in self._landing if write.may_land]
+            return not any(write.lease_id == lease_id for write in self._landing)
 
     def token(self) -> int | None:
         """The beat term's token while leading with validity left, else None."""
         return self.manager.current_token()
 
-    def refresh_marks(self) -> bool:
-        """Load every entry's last send from the store; False when it could not be read."""
+    def _store_call(self, what: str, fn: Callable[[], T]) -> T:
+        """Run *fn* within ``leader_store_timeout``; any error it raises is a StoreError.
+
+        A call given up on keeps running on its helper thread until the store
+        client returns; its result is dropped (see :mod:`celery_leader.bounded`).
+        """
         try:
-            raw = self.store.get_state(self.settings.name)
+            return self._calls.call(fn, self.settings.timing.op_timeout, what)
+        except StoreError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a store that raises anything failed this call
+            raise StoreError(
+                f"lease store {self.store.url}: {what} failed: {type(exc).__name__}: "
+                f"{mask_text(str(exc))}"
+            ) from None
+
+    def refresh_marks(self) -> bool:
+        """Load every entry's last send from the store; False when it could not be read.
+
+        Returns within ``leader_store_timeout`` whatever the store does.
+        """
+        name = self.settings.name
+        try:
+            raw = self._store_call("read last sends", lambda: self.store.get_state(name))
         except StoreError as exc:
             logger.warning("celery-leader beat: could not read last sends: %s", exc)
             return False
@@ -236,15 +347,29 @@ class BeatElection:
     def mark_sent(self, entry_name: str, token: int, sent_at: float) -> bool:
         """Record that *entry_name* was published at *sent_at* under *token*.
 
-        Called after the publish succeeded. Returns False when the lease no
-        longer allows the write.
+        Called after the publish succeeded, while the send is still in
+        flight (so the lease is not released before the mark is written).
+        Returns within ``leader_store_timeout`` whatever the store does;
+        False when the lease no longer allows the write or it did not
+        finish in time. A write given up on that may still land holds the
+        release of its lease back until it returns (see
+        :meth:`no_publish_in_flight`).
         """
         mark = {"at": sent_at, "token": token}
+        name, value = self.settings.name, json.dumps(mark)
+        # Bound now, as the lease thread does: the write names this term's lease.
+        write = _MarkWrite(self.manager.holder.lease_id)
         try:
-            ok = self.store.set_state(
-                self.settings.name, self.manager.holder.lease_id, entry_name, json.dumps(mark)
+            ok = self._store_call(
+                "write the send mark",
+                lambda: write.run(
+                    lambda: self.store.set_state(name, write.lease_id, entry_name, value)
+                ),
             )
         except StoreError as exc:
+            if write.give_up():
+                with self._landing_lock:
+                    self._landing.append(write)
             logger.warning("celery-leader beat: could not mark %s as sent: %s", entry_name, exc)
             return False
         if ok:
@@ -455,29 +580,43 @@ class LeaderSchedulerMixin:
     def apply_async(
         self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
     ) -> Any:
-        """Send *entry* if this beat leads now (apply_entry has checked the slot)."""
+        """Send *entry* if this beat leads now (apply_entry has checked the slot).
+
+        From before the lead is checked until the send's mark is written (or
+        given up on at the store timeout), the lease is not released: no
+        other beat can take over while this send may still land unmarked.
+        """
         election = self._election()
-        token = election.leading()
-        if token is None:
-            return self.reserve(entry) if advance and self._leader_mode == "reserve" else None  # type: ignore[attr-defined]
-        if advance:
-            entry = self.reserve(entry)  # type: ignore[attr-defined]
-        sending = _shallow_copy(entry)
-        options = dict(entry.options)
-        options["headers"] = {**(options.get("headers") or {}), TOKEN_HEADER: token}
-        sending.options = options
-        sent_at = time.time()
+        # Raised before leading() is read: raised after, the lease thread could
+        # find no send in flight and release between the read and the flag,
+        # and this send would land under another beat's lease.
         election.publishing()
+        outcome: bool | None = None
         try:
-            result = super().apply_async(sending, producer=producer, advance=False, **kwargs)  # type: ignore[misc]
-        except Exception:
-            election.published(ok=False)
-            raise
-        election.published(ok=True)
-        # Marked only once it is out: a loss before this line leaves the slot
-        # unmarked, and the next leader's missed policy decides (see module doc).
-        election.mark_sent(entry.name, token, sent_at)
-        return result
+            token = election.leading()
+            if token is None:
+                return self.reserve(entry) if advance and self._leader_mode == "reserve" else None  # type: ignore[attr-defined]
+            if advance:
+                entry = self.reserve(entry)  # type: ignore[attr-defined]
+            sending = _shallow_copy(entry)
+            options = dict(entry.options)
+            options["headers"] = {**(options.get("headers") or {}), TOKEN_HEADER: token}
+            sending.options = options
+            sent_at = time.time()
+            try:
+                result = super().apply_async(sending, producer=producer, advance=False, **kwargs)  # type: ignore[misc]
+            except Exception:
+                outcome = False
+                raise
+            outcome = True
+            # Marked only once it is out: a loss before this line leaves the slot
+            # unmarked, and the next leader's missed policy decides (see module doc).
+            election.mark_sent(entry.name, token, sent_at)
+            return result
+        finally:
+            # Lowered only now: lowered before the mark, a release could let the
+            # next leader read marks that lack this send, and send it again.
+            election.published(outcome)
 
 
 def _shallow_copy(entry: Any) -> Any:
