@@ -53,11 +53,11 @@ RUN_SLOTS = 1024
 #: Kills remembered for the parent, newest last; older ones are overwritten.
 KILL_RING = 128
 
-_SLOT = struct.Struct("=qqqqqq")  # sequence, writer, pid, token, flags, start time
+_SLOT = struct.Struct("=qqqqqqq")  # sequence, writer, pid, token, flags, start time, election
 _SEQ = struct.Struct("=q")
 _WRITER = struct.Struct("=q")  # at offset 8: the process writing (or that last wrote) the slot
-_BODY = struct.Struct("=qqqq")  # at offset 16: pid, token, flags, start time
-_KILL = struct.Struct("=qqq")  # pid, token, start time
+_BODY = struct.Struct("=qqqqq")  # at offset 16: pid, token, flags, start time, election
+_KILL = struct.Struct("=qqqq")  # pid, token, start time, election
 _HEAD = struct.Struct("=q")  # kills recorded so far
 _TERMINATE = 1
 _RETRIES = 1000
@@ -66,16 +66,24 @@ _RETRIES = 1000
 _SLOW_RETRIES = 20
 #: The token of a run whose slot cannot be read: it counts as a run of every term.
 EVERY_TERM = 2**63 - 1
+#: The election of a run whose slot cannot be read: it counts for every election.
+EVERY_ELECTION = -1
 
 
 class Run(NamedTuple):
-    """One slot: a leader run of term *token* in process *pid* (started at *started*)."""
+    """One slot: a leader run of *election*'s term *token* in process *pid* (since *started*).
+
+    *election* is the index of the election's slot in its
+    :class:`~celery_leader.shared_lease.SharedLeases` group; tokens compare
+    only within one election.
+    """
 
     slot_index: int
     pid: int
     token: int
     terminate: bool
     started: int
+    election: int = 0
 
     def running(self) -> bool:
         """True while the process named here still runs (and is the same process).
@@ -86,8 +94,13 @@ class Run(NamedTuple):
             return self.pid > 0 and not procinfo.has_ended(self.pid)
         return procinfo.is_running(self.pid, self.started)
 
-    def of_term(self, token: int) -> bool:
-        """True when this run belongs to term *token* or an older one (unknown: every term)."""
+    def of_term(self, token: int, election: int | None = None) -> bool:
+        """True for a run of *election*'s term *token* or an older one (unknown: every term).
+
+        With *election* None, the run's election is not looked at.
+        """
+        if election is not None and self.election not in (election, EVERY_ELECTION):
+            return False
         return self.token <= token or self.token == EVERY_TERM
 
 
@@ -104,7 +117,9 @@ class RunTable:
 
     # -- slots (each written by its own child) --------------------------------
 
-    def _write(self, index: int, pid: int, token: int, flags: int, started: int) -> None:
+    def _write(
+        self, index: int, pid: int, token: int, flags: int, started: int, *, election: int = 0
+    ) -> None:
         offset = index * _SLOT.size
         if pid:
             self._occupied[index] = 1
@@ -113,15 +128,16 @@ class RunTable:
         begin = seq + 1 if seq % 2 == 0 else seq + 2
         _WRITER.pack_into(self._slots, offset + _SEQ.size, os.getpid())
         _SEQ.pack_into(self._slots, offset, begin)  # odd: write in progress
-        _BODY.pack_into(self._slots, offset + _SEQ.size + _WRITER.size, pid, token, flags, started)
+        body_at = offset + _SEQ.size + _WRITER.size
+        _BODY.pack_into(self._slots, body_at, pid, token, flags, started, election)
         _SEQ.pack_into(self._slots, offset, begin + 1)
         if not pid:
             self._occupied[index] = 0
 
-    def enter(self, index: int, token: int, *, terminate: bool) -> None:
-        """Record that the calling process (pool child *index*) runs leader work of *token*."""
+    def enter(self, index: int, token: int, *, terminate: bool, election: int = 0) -> None:
+        """Record that the calling process (pool child *index*) runs *election*'s term *token*."""
         flags = _TERMINATE if terminate else 0
-        self._write(index, os.getpid(), token, flags, procinfo.own_start_time())
+        self._write(index, os.getpid(), token, flags, procinfo.own_start_time(), election=election)
 
     def leave(self, index: int) -> None:
         """Record that the leader run of pool child *index* ended."""
@@ -130,10 +146,12 @@ class RunTable:
     def _read(self, index: int) -> tuple[bool, Run | None]:
         """One read of slot *index*: (consistent, its run); not consistent mid-write."""
         offset = index * _SLOT.size
-        seq, _writer, pid, token, flags, started = _SLOT.unpack_from(self._slots, offset)
+        seq, _writer, pid, token, flags, started, election = _SLOT.unpack_from(self._slots, offset)
         if seq % 2 or _SEQ.unpack_from(self._slots, offset)[0] != seq:
             return False, None
-        return True, Run(index, pid, token, bool(flags & _TERMINATE), started) if pid else None
+        if not pid:
+            return True, None
+        return True, Run(index, pid, token, bool(flags & _TERMINATE), started, election)
 
     def slot(self, index: int) -> Run | None:
         """Slot *index*, read consistently; None when empty.
@@ -151,7 +169,7 @@ class RunTable:
         (writer,) = _WRITER.unpack_from(self._slots, index * _SLOT.size + _SEQ.size)
         if writer <= 0 or procinfo.has_ended(writer):
             return None  # killed mid-write: nothing runs under this slot
-        return Run(index, writer, EVERY_TERM, True, 0)
+        return Run(index, writer, EVERY_TERM, True, 0, EVERY_ELECTION)
 
     def busy(self) -> list[Run]:
         """The slots in use (stale ones included), each read consistently.
@@ -170,12 +188,16 @@ class RunTable:
             index = occupied.find(1, index + 1)
         return found
 
-    def running(self, token: int, exclude_pid: int = 0) -> list[Run]:
-        """Runs of term *token* or older whose process still runs (unreadable ones included)."""
+    def running(self, token: int, exclude_pid: int = 0, election: int | None = None) -> list[Run]:
+        """Runs of *election*'s term *token* or older whose process still runs.
+
+        Unreadable slots are included (fail closed). With *election* None,
+        runs of every election whose token is at most *token*.
+        """
         return [
             run
             for run in self.busy()
-            if run.of_term(token) and run.pid != exclude_pid and run.running()
+            if run.of_term(token, election) and run.pid != exclude_pid and run.running()
         ]
 
     # -- kills (written by the watchdog) --------------------------------------
@@ -184,15 +206,17 @@ class RunTable:
         """Remember that the watchdog killed *run* at the end of its term."""
         (head,) = _HEAD.unpack_from(self._kills, 0)
         offset = _HEAD.size + (head % KILL_RING) * _KILL.size
-        _KILL.pack_into(self._kills, offset, run.pid, run.token, run.started)
+        _KILL.pack_into(self._kills, offset, run.pid, run.token, run.started, run.election)
         _HEAD.pack_into(self._kills, 0, head + 1)
 
-    def was_killed(self, pid: int, token: int) -> bool:
-        """True when the watchdog killed process *pid* running term *token*."""
+    def was_killed(self, pid: int, token: int, election: int = 0) -> bool:
+        """True when the watchdog killed process *pid* running *election*'s term *token*."""
         for index in range(KILL_RING):
-            killed_pid, killed_token, _ = _KILL.unpack_from(
+            killed_pid, killed_token, _, killed_election = _KILL.unpack_from(
                 self._kills, _HEAD.size + index * _KILL.size
             )
-            if killed_pid == pid and killed_token in (token, EVERY_TERM):
+            if killed_pid != pid:
+                continue
+            if killed_token == EVERY_TERM or (killed_token, killed_election) == (token, election):
                 return True
         return False

@@ -34,7 +34,7 @@ _current_run: contextvars.ContextVar[_Run | None] = contextvars.ContextVar(
 
 
 def install_shared_lease(shared: SharedLease | None) -> None:
-    """Make *shared* the lease that runs in this process (and its forks) check."""
+    """Make *shared* (and its group's other elections) what runs here and in forks check."""
     global _shared  # noqa: PLW0603 - one lease per worker process, set before the pool forks
     _shared = shared
 
@@ -50,15 +50,24 @@ def eager_token() -> int | None:
     return _eager_token
 
 
-def shared_lease() -> SharedLease | None:
-    """The lease installed by the worker in this process, if any."""
-    return _shared
+def shared_lease(election: str | None = None) -> SharedLease | None:
+    """The shared lease of *election* in this process (default: the one installed), if any.
+
+    An unnamed lease (made by :func:`celery_leader.testing.leadership`)
+    stands for every election; a named one only for its own.
+    """
+    if _shared is None or election is None:
+        return _shared
+    found = _shared.group.get(election)
+    if found is None and not _shared.name:
+        return _shared
+    return found
 
 
 @contextmanager
 def leader_run(name: str, token: int | None) -> Iterator[None]:
     """Mark the code inside as a leader run under *token* (used by the task base)."""
-    reset = _current_run.set(_Run(name, token, _shared))
+    reset = _current_run.set(_Run(name, token, shared_lease(name)))
     try:
         yield
     finally:

@@ -1,10 +1,16 @@
 """The lease as the places where work runs see it: token and validity in shared memory.
 
 Prefork children are forked copies: they cannot see the parent's lease
-manager. The worker creates one :class:`SharedLease` before the pool forks;
-the parent publishes every change (elected, renewed, revoked) into it and
-children read it. Reads never block and take no lock: a sequence counter
-(even = stable) makes a torn read retry.
+manager. Before the pool forks, the worker makes one :class:`SharedLeases`
+group with one :class:`SharedLease` slot per election it takes part in;
+the parent publishes every change of an election's term (elected, renewed,
+revoked) into that election's slot and children read it. Reads never block
+and take no lock: a sequence counter (even = stable) makes a torn read
+retry.
+
+Everything here is keyed by election: tokens of two elections are separate
+sequences that mean nothing to each other, so a run is judged only against
+its own election's slot (the run table records the election of each run).
 
 Guarantees:
 
@@ -24,36 +30,97 @@ import mmap
 import os
 import struct
 import threading
+from collections.abc import Iterator
 
 from celery_leader import clock
 from celery_leader.run_table import RunTable
 
 _LAYOUT = struct.Struct("=qqdq")  # sequence, token, valid_until, revoked_through
 _RETRIES = 1000
+#: Elections one worker process can take part in (slots made before the pool forks).
+MAX_ELECTIONS = 64
+
+
+class SharedLeases:
+    """The shared lease slots of every election of one process, and their run table.
+
+    Slots are added in the process that writes them (the worker's main
+    process) before the pool forks; children find them by election name or
+    by index (the run table records the index).
+    """
+
+    def __init__(self, capacity: int = MAX_ELECTIONS) -> None:
+        # An anonymous mapping is MAP_SHARED: forked children see our writes.
+        self._mem = mmap.mmap(-1, _LAYOUT.size * capacity)
+        self._capacity = capacity
+        self._write_lock = threading.Lock()
+        self._by_name: dict[str, SharedLease] = {}
+        self._by_index: list[SharedLease] = []
+        #: The process that writes (the worker's main process).
+        self.owner_pid = os.getpid()
+        #: Which pool child runs which election's term, for the watchdog.
+        self.runs = RunTable()
+
+    def add(self, name: str) -> SharedLease:
+        """The slot of election *name*, made on first use (before the pool forks)."""
+        found = self._by_name.get(name)
+        return found if found is not None else SharedLease(name, group=self)
+
+    def _register(self, lease: SharedLease) -> int:
+        if lease.name in self._by_name:
+            raise ValueError(f"election {lease.name!r} has a shared lease slot already")
+        if len(self._by_index) >= self._capacity:
+            raise ValueError(f"one process takes part in at most {self._capacity} elections")
+        self._by_name[lease.name] = lease
+        self._by_index.append(lease)
+        return len(self._by_index) - 1
+
+    def get(self, name: str) -> SharedLease | None:
+        """The slot of election *name*, or None when this process does not take part in it."""
+        return self._by_name.get(name)
+
+    def at(self, index: int) -> SharedLease | None:
+        """The slot at *index* (as the run table records it), or None."""
+        return self._by_index[index] if 0 <= index < len(self._by_index) else None
+
+    def __iter__(self) -> Iterator[SharedLease]:
+        return iter(list(self._by_index))
 
 
 class SharedLease:
-    """Token and validity of the current term, shared with forked children.
+    """Token and validity of one election's current term, shared with forked children.
 
-    Only the worker's main process writes (under a thread lock); any process
-    may read. A token of 0 means "no valid lease".
+    Only the worker's main process writes (under the group's thread lock);
+    any process may read. A token of 0 means "no valid lease". Made alone
+    (``SharedLease()``), it is the only election of a group of its own.
     """
 
-    def __init__(self) -> None:
-        # An anonymous mapping is MAP_SHARED: forked children see our writes.
-        self._mem = mmap.mmap(-1, _LAYOUT.size)
-        self._write_lock = threading.Lock()
-        self._mem[:] = _LAYOUT.pack(0, 0, 0.0, 0)
-        #: The process that writes (the worker's main process).
-        self.owner_pid = os.getpid()
-        #: Which pool child runs which term, for the watchdog.
-        self.runs = RunTable()
+    def __init__(self, name: str = "", *, group: SharedLeases | None = None) -> None:
+        self.name = name
+        self.group = group if group is not None else SharedLeases(capacity=1)
+        #: This election's index in its group, recorded with each of its runs.
+        self.election = self.group._register(self)
+        self._mem = self.group._mem
+        self._offset = self.election * _LAYOUT.size
+        self._write_lock = self.group._write_lock
+        self._mem[self._offset : self._offset + _LAYOUT.size] = _LAYOUT.pack(0, 0, 0.0, 0)
+
+    @property
+    def owner_pid(self) -> int:
+        """The process that writes (the worker's main process)."""
+        return self.group.owner_pid
+
+    @property
+    def runs(self) -> RunTable:
+        """The run table shared by every election of the group."""
+        return self.group.runs
 
     def _write(self, token: int, valid_until: float, revoked_through: int) -> None:
-        seq = _LAYOUT.unpack(self._mem[:])[0]
-        self._mem[0:8] = struct.pack("=q", seq + 1)  # odd: write in progress
-        self._mem[8 : _LAYOUT.size] = struct.pack("=qdq", token, valid_until, revoked_through)
-        self._mem[0:8] = struct.pack("=q", seq + 2)
+        at = self._offset
+        (seq,) = struct.unpack_from("=q", self._mem, at)
+        struct.pack_into("=q", self._mem, at, seq + 1)  # odd: write in progress
+        struct.pack_into("=qdq", self._mem, at + 8, token, valid_until, revoked_through)
+        struct.pack_into("=q", self._mem, at, seq + 2)
 
     def publish(self, token: int, valid_until: float) -> bool:
         """Announce that term *token* is valid until *valid_until* (lease clock).
@@ -83,8 +150,8 @@ class SharedLease:
 
     def _read_raw(self) -> tuple[int, int, float, int]:
         for _ in range(_RETRIES):
-            raw = _LAYOUT.unpack(self._mem[:])
-            if raw[0] % 2 == 0 and _LAYOUT.unpack(self._mem[:])[0] == raw[0]:
+            raw = _LAYOUT.unpack_from(self._mem, self._offset)
+            if raw[0] % 2 == 0 and struct.unpack_from("=q", self._mem, self._offset)[0] == raw[0]:
                 return raw
         return (0, 0, 0.0, 2**63 - 1)  # a writer that never finishes: fail closed
 

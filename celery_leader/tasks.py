@@ -97,7 +97,7 @@ class LeaderTaskMixin:
             with leader_run(name, forced):
                 return super().__call__(*args, **kwargs)  # type: ignore[misc]
         token = getattr(request, "leader_token", None)
-        shared = shared_lease()
+        shared = shared_lease(name)
         if token is None or shared is None or not shared.valid_for(token):
             stop_run_in_task(self, "the lease ended before the run started")
         assert shared is not None

@@ -65,7 +65,7 @@ from typing import Any
 from celery_leader.exceptions import ConfigurationError
 from celery_leader.procinfo import parent_of
 from celery_leader.run_table import RUN_SLOTS
-from celery_leader.shared_lease import SharedLease
+from celery_leader.shared_lease import SharedLease, SharedLeases
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +164,11 @@ def ended_by_term(request: Any, exc: BaseException, shared: SharedLease | None) 
     # Killed at its deadline, then a renewal that was already on its way
     # published the term again: the watchdog's record still says why it died.
     pid = getattr(request, "worker_pid", None)
-    return isinstance(pid, int) and isinstance(token, int) and shared.runs.was_killed(pid, token)
+    return (
+        isinstance(pid, int)
+        and isinstance(token, int)
+        and shared.runs.was_killed(pid, token, shared.election)
+    )
 
 
 # -- the parent's kill -------------------------------------------------------
@@ -201,7 +205,7 @@ def kill_recorded_runs(
     of the calling process (the worker's main process) are signalled.
     """
     killed = []
-    for run in shared.runs.running(token, exclude_pid=os.getpid()):
+    for run in shared.runs.running(token, exclude_pid=os.getpid(), election=shared.election):
         if terminate_only and not run.terminate:
             continue
         if run.pid > 0 and parent_of(run.pid) == os.getpid():
@@ -259,7 +263,7 @@ def watch_run(shared: SharedLease, token: int, *, terminate: bool) -> int | None
             f"pool process index {index} is past the run table's {RUN_SLOTS} slots "
             "(the pool was grown at run time); this process runs no leader work"
         )
-    shared.runs.enter(index, token, terminate=terminate)
+    shared.runs.enter(index, token, terminate=terminate, election=shared.election)
     return index
 
 
@@ -270,29 +274,32 @@ def unwatch_run(shared: SharedLease, index: int | None) -> None:
 
 
 def enforce_deadlines(
-    shared: SharedLease, worker_pid: int, done: set[tuple[int, int]] | None = None
+    shared: SharedLease | SharedLeases, worker_pid: int, done: set[tuple[int, int]] | None = None
 ) -> list[int]:
     """One pass of the watchdog: SIGKILL each ``terminate`` run whose term is not valid now.
 
-    A run's term stops being valid when it is revoked or when its published
-    validity has passed. A run is killed only while its process is the one
-    that wrote the slot (same pid and start time) and a child of
-    *worker_pid*, so a stale slot whose pid was reused is never acted on.
-    Each kill is recorded for the parent (:meth:`RunTable.record_kill`).
-    *done* remembers ``(pid, start time)`` already killed, across passes.
-    Returns the pids killed.
+    Each run is judged against its own election's slot (*shared* is the
+    group, or any slot of it). A run's term stops being valid when it is
+    revoked or when its published validity has passed; a run of an election
+    the group does not know, or whose slot could not be read, is never
+    valid. A run is killed only while its process is the one that wrote the
+    slot (same pid and start time, or the pid alone when the start time is
+    unknown) and a child of *worker_pid*, so a stale slot whose pid was
+    reused by another process is never acted on. Each kill is recorded for
+    the parent (:meth:`RunTable.record_kill`). *done* remembers ``(pid,
+    start time)`` already killed, across passes. Returns the pids killed.
     """
+    group = shared if isinstance(shared, SharedLeases) else shared.group
     killed = []
     done = set() if done is None else done
-    for run in shared.runs.busy():
-        # An unreadable slot comes back as a terminate run of every term in its
-        # writer's process (run_table.EVERY_TERM): it is never valid, so it is killed.
+    for run in group.runs.busy():
         if not run.terminate or run.pid <= 0 or (run.pid, run.started) in done:
             continue
-        if shared.valid_for(run.token):
+        lease = group.at(run.election)
+        if lease is not None and lease.valid_for(run.token):
             continue
         if run.running() and parent_of(run.pid) == worker_pid:
-            shared.runs.record_kill(run)  # before the kill: the parent may see the death first
+            group.runs.record_kill(run)  # before the kill: the parent may see the death first
             with suppress(ProcessLookupError):
                 os.kill(run.pid, signal.SIGKILL)
                 killed.append(run.pid)
@@ -314,8 +321,10 @@ class Watchdog:
     worker's main process is gone.
     """
 
-    def __init__(self, shared: SharedLease, interval: float = WATCH_INTERVAL) -> None:
-        self._shared = shared
+    def __init__(
+        self, shared: SharedLease | SharedLeases, interval: float = WATCH_INTERVAL
+    ) -> None:
+        self._shared = shared if isinstance(shared, SharedLeases) else shared.group
         self._interval = interval
         self.pid: int | None = None
 

@@ -96,6 +96,9 @@ def test_only_messages_that_never_reached_the_pool_are_handed_back():
 class Admitting:
     """Stands for the worker's coordinator at the gate: it admits under token 5."""
 
+    class settings:  # noqa: N801 - stands for LeaderSettings
+        name = "gate"
+
     def admit(self):
         return 5
 

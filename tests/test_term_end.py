@@ -376,7 +376,7 @@ def test_a_pool_child_past_the_run_table_refuses_leader_work(monkeypatch):
     from celery_leader.term_end import UnwatchableRunError, watch_run
 
     shared = SharedLease()
-    monkeypatch.setattr(shared, "owner_pid", -1)  # this process stands in for a pool child
+    monkeypatch.setattr(shared.group, "owner_pid", -1)  # this process stands in for a pool child
     monkeypatch.setattr(current_process(), "index", RUN_SLOTS + 3, raising=False)
     with pytest.raises(UnwatchableRunError, match="1027"):
         watch_run(shared, 5, terminate=True)

@@ -44,7 +44,7 @@ from celery_leader.lease import EventKind, LeaseEvent, LeaseManager, Role, Term
 from celery_leader.runtime import install_shared_lease
 from celery_leader.runtime import shared_lease as installed_shared_lease
 from celery_leader.settings import LeaderSettings
-from celery_leader.shared_lease import SharedLease
+from celery_leader.shared_lease import SharedLease, SharedLeases
 from celery_leader.stores.base import Holder, LeaseStore
 from celery_leader.term_end import (
     KILLABLE_POOLS,
@@ -137,7 +137,19 @@ def never_dispatched(requests: list[Any]) -> list[Any]:
     return chosen
 
 
-def _of_term(request: Any, token: int) -> bool:
+def election_of(request: Any) -> str | None:
+    """The election a leader request belongs to: the one it was admitted under, else its task's.
+
+    None for a task that names none: it belongs to the process's one election.
+    """
+    admitted = getattr(request, "leader_election", None)
+    return admitted if admitted is not None else getattr(request.task, "leader_election", None)
+
+
+def _of_term(request: Any, election: str, token: int) -> bool:
+    """True for a request of *election*'s term *token* or older (or not admitted yet)."""
+    if election_of(request) not in (None, election):
+        return False  # another election's tokens mean nothing to this one
     run_token = getattr(request, "leader_token", None)
     return run_token is None or run_token <= token
 
@@ -152,11 +164,14 @@ class Coordinator:
         *,
         nodename: str,
         pool_kind: str,
+        shared: SharedLease | None = None,
     ) -> None:
         self.settings = settings
         self.nodename = nodename
         self.pool_kind = pool_kind
-        self.shared = SharedLease()
+        #: The shared lease slot of this election; its group (one per process) holds
+        #: every election's slot and the run table. A new group unless one is given.
+        self.shared = shared if shared is not None else SharedLeases().add(settings.name)
         self.manager = LeaseManager(
             store,
             settings.name,
@@ -472,7 +487,7 @@ class Coordinator:
         return [
             request
             for request in _snapshot(worker_state.active_requests)
-            if is_leader_request(request) and _of_term(request, token)
+            if is_leader_request(request) and _of_term(request, self.settings.name, token)
         ]
 
     def runs_ended(self, token: int, timeout: float) -> bool:
@@ -488,7 +503,9 @@ class Coordinator:
             except SnapshotError:
                 running = [None]  # unknown: assume work still runs
             # Runs the pool's children recorded, the parent may not know of yet.
-            running += self.shared.runs.running(token, exclude_pid=self.shared.owner_pid)
+            running += self.shared.runs.running(
+                token, exclude_pid=self.shared.owner_pid, election=self.shared.election
+            )
             if not running:
                 return True
             if time.monotonic() >= deadline:
@@ -538,6 +555,8 @@ class Coordinator:
             *_snapshot(worker_state.reserved_requests),
         ]
         for request in never_dispatched(waiting):
+            if not _of_term(request, self.settings.name, token):
+                continue  # another election's message: its own term decides
             entry = eta_entries.get(id(request))
             if entry is not None and consumer is not None and consumer.timer is not None:
                 consumer.timer.cancel(entry)

@@ -82,6 +82,7 @@ class LeaderRequest(Request):  # type: ignore[misc]
                 coordinator.on_gate_refused()
             return True
         self._request_dict["leader_token"] = token
+        self._request_dict["leader_election"] = coordinator.settings.name
         self._request_dict["leader_on_loss"] = coordinator.policy_for(self.task).value
         if _called_from(sys._getframe(1), "execute_using_pool"):
             if self.task.acks_late and not coordinator.admit_delivery(self):
@@ -153,7 +154,7 @@ class LeaderRequest(Request):  # type: ignore[misc]
         self.leader_failed = True
         try:
             exc = getattr(exc_info, "exception", None)
-            if exc is None or not ended_by_term(self, exc, shared_lease()):
+            if exc is None or not ended_by_term(self, exc, shared_lease(self.leader_election)):
                 return super().on_failure(exc_info, send_failed_event, return_ok)
             task_ready(self)
             settle_stopped_run(self)
@@ -172,3 +173,9 @@ class LeaderRequest(Request):  # type: ignore[misc]
     def leader_token(self) -> Any:
         """The fencing token the gate admitted this request under, if any."""
         return self._request_dict.get("leader_token")
+
+    @property
+    def leader_election(self) -> str | None:
+        """The election whose term the gate admitted this request under, if any."""
+        election = self._request_dict.get("leader_election")
+        return election if isinstance(election, str) else None
