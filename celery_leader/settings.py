@@ -20,9 +20,9 @@ from urllib.parse import urlsplit
 
 from celery_leader._masking import mask_url
 from celery_leader.exceptions import ConfigurationError
-from celery_leader.health import DEFAULT_STUCK_AFTER
-from celery_leader.stores.registry import store_class
-from celery_leader.timing import LeaseTiming
+from celery_leader.lease.timing import LeaseTiming
+from celery_leader.observe.health import DEFAULT_STUCK_AFTER
+from celery_leader.stores.registry import shared_store_urls, store_class, validate_store_options
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -102,7 +102,7 @@ DEFAULT_TTL = 5.0
 
 ERR_NO_BACKEND = (
     "leader_backend_url is not set and the broker ({broker}) is not Redis: set "
-    "leader_backend_url to a redis://, rediss://, unix://, azureblob:// or sqlite:/// URL"
+    "leader_backend_url to a {urls} URL"
 )
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
@@ -114,6 +114,8 @@ MISSED_POLICIES = ("once", "skip")
 STANDBY_MODES = ("auto", "reserve", "idle")
 #: The scheduler LeaderScheduler wraps unless ``leader_beat_scheduler`` names another.
 DEFAULT_BEAT_SCHEDULER = "celery.beat:PersistentScheduler"
+#: Beat's election is the workers' election name with this suffix.
+BEAT_SUFFIX = ".beat"
 #: Where the metrics port listens unless ``leader_metrics_address`` says otherwise.
 DEFAULT_METRICS_ADDRESS = "0.0.0.0"  # noqa: S104 - scraped from outside the host
 
@@ -299,7 +301,9 @@ def default_backend_url(conf: Mapping[str, Any]) -> str:
     broker = str(broker)
     if urlsplit(broker).scheme in _REDIS_SCHEMES:
         return broker
-    raise ConfigurationError(ERR_NO_BACKEND.format(broker=mask_url(broker) or "not set"))
+    raise ConfigurationError(
+        ERR_NO_BACKEND.format(broker=mask_url(broker) or "not set", urls=shared_store_urls())
+    )
 
 
 @_spelled_as_given
@@ -338,7 +342,7 @@ def load_settings(
     url = default_backend_url(conf)
     cls = store_class(url)
     name = default_name(conf, main) + name_suffix
-    low, high = getattr(cls, "ttl_range", (None, None))
+    low, high = cls.ttl_range
     ttl = _number(conf, "leader_lease_ttl", None)
     if ttl is None:
         ttl = max(DEFAULT_TTL, low or 0.0)
@@ -354,25 +358,22 @@ def load_settings(
         _number(conf, "leader_renew_interval", None),
         _number(conf, "leader_lease_margin", None),
         _number(conf, "leader_store_timeout", None),
-        renew_fraction=getattr(cls, "default_renew_fraction", 1 / 3),
+        renew_fraction=cls.default_renew_fraction,
     )
     queue = default_queue(conf, main)
-    options = {
+    given = {
         key: conf.get(key)
         for key in (
             "leader_azure_connection_string",
             "leader_azure_account_url",
             "leader_azure_watch_interval",
         )
-        if conf.get(key)
+        if conf.get(key) is not None
     }
-    _check_azure(conf)
-    interval = _number(conf, "leader_azure_watch_interval", None)
-    if interval is not None and interval <= 0:
-        raise ConfigurationError(
-            f"leader_azure_watch_interval={interval:g} is not allowed: it must be a number "
-            "of seconds > 0"
-        )
+    # Each store checks its own keys (LeaseStoreClass.validate_options), also keys of a
+    # store other than the one in use: a bad value is reported before it is ever used.
+    validate_store_options(url, given)
+    options = {key: value for key, value in given.items() if value}
     if "leader_azure_connection_string" not in options and os.environ.get(
         "AZURE_STORAGE_CONNECTION_STRING"
     ):
@@ -396,27 +397,6 @@ def load_settings(
         stop_grace=stop_grace,
         metrics=metrics_settings(conf),
     )
-
-
-def _check_azure(conf: Mapping[str, Any]) -> None:
-    """``leader_azure_connection_string`` and ``leader_azure_account_url`` are strings.
-
-    The connection string is never echoed: it holds the account key.
-    """
-    secret = conf.get("leader_azure_connection_string")
-    if secret is not None and not isinstance(secret, str):
-        raise ConfigurationError(
-            f"leader_azure_connection_string ({type(secret).__name__}) is not allowed: it must "
-            "be an Azure Storage connection string"
-        )
-    url = conf.get("leader_azure_account_url")
-    if url is None or url == "":
-        return
-    if not isinstance(url, str) or urlsplit(url).scheme not in ("https", "http"):
-        raise ConfigurationError(
-            f"leader_azure_account_url={mask_url(str(url))!r} is not allowed: it must be the "
-            "account's blob endpoint, https://<account>.blob.core.windows.net"
-        )
 
 
 def _warn_unknown_keys(conf: Mapping[str, Any]) -> None:

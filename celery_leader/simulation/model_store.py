@@ -46,6 +46,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from celery_leader.stores import rules
 from celery_leader.stores.base import (
     AcquireResult,
     Holder,
@@ -177,26 +178,29 @@ class ModelStore:
                 holder=self._record(current, now),
                 retry_in=current.expires_at - now,
             )
-        hold_until = current.hold_until if current is not None else 0.0
+        own_hold_until = current.hold_until if current is not None else 0.0
         meta = data.meta
-        recorded_end = meta.lease_end if meta is not None else 0.0
-        forgot = (
-            not self.reads_epoch
-            or meta is None
-            or meta.epoch != self.epoch
-            or (current is None and recorded_end > now)
+        forgot = rules.store_forgot(
+            cannot_tell=not self.reads_epoch,
+            # No meta record: first use, or forgotten. Another epoch: other data.
+            data_replaced=meta is None or meta.epoch != self.epoch,
+            vanished_early=rules.lease_vanished_early(
+                current is not None, meta.lease_end if meta is not None else 0.0, now
+            ),
         )
-        if forgot and self.broken is not Broken.NO_HOLD_OFF:
-            hold_until = now + ttl  # the store forgot: the old holder may still act
+        hold_until, hold_off = rules.hold_off(
+            now=now,
+            ttl=ttl,
+            own_hold_until=own_hold_until,
+            forgot=forgot and self.broken is not Broken.NO_HOLD_OFF,
+        )
         now_us = int(now * 1_000_000)
-        last = data.counter or 0
         if self.broken is Broken.COUNTER_ONLY_TOKENS:
-            token = max(last + 1, min_token + 1)
+            token = max((data.counter or 0) + 1, min_token + 1)
         else:
-            token = max(last + 1, now_us, min_token + 1)
+            token = rules.next_token(data.counter, now_us, min_token)
         lease = Lease(holder.lease_id, holder.nodename, token, now, now + ttl, hold_until)
         self._set(Data(lease, token, Meta(self.epoch, now + ttl)))
-        hold_off = max(0.0, hold_until - now)
         self._say("acquire by %s granted: token %d, hold-off %.3f", who, token, hold_off)
         if self.on_grant is not None:
             self.on_grant(token, who, now)

@@ -88,18 +88,31 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from celery_leader._masking import mask_text, mask_url
-from celery_leader.bounded import StoreCallTimeoutError
 from celery_leader.exceptions import (
     ConfigurationError,
     StoreAuthError,
     StoreError,
     StoreUnreachableError,
 )
-from celery_leader.stores.base import AcquireResult, Capability, Holder, LeaseRecord, Watch
+from celery_leader.lease.bounded import StoreCallTimeoutError
+from celery_leader.stores import rules
+from celery_leader.stores.base import (
+    AcquireResult,
+    Capability,
+    Holder,
+    LeaseRecord,
+    LeaseStoreClass,
+    Watch,
+)
+from celery_leader.stores.watch import poll
+
+#: The URL beginning this store serves, and the extra that installs the Azure SDK.
+SCHEMES = ("azureblob://",)
+EXTRA = "azure"
 
 try:
     from azure.core import MatchConditions
@@ -116,7 +129,7 @@ try:
     from azure.storage.blob import BlobClient, BlobLeaseClient, BlobServiceClient
 except ImportError as exc:  # pragma: no cover - the extra is not installed
     raise ImportError(
-        "the azureblob:// store needs the azure extra: pip install 'celery-leader[azure]'"
+        f"the {SCHEMES[0]} store needs the {EXTRA} extra: pip install 'celery-leader[{EXTRA}]'"
     ) from exc
 
 logger = logging.getLogger(__name__)
@@ -209,6 +222,26 @@ class _AzureClock:
         return time.time()
 
 
+def _is_http_url(value: object) -> bool:
+    return isinstance(value, str) and urlsplit(value).scheme in ("https", "http")
+
+
+def _seconds(options: Mapping[str, Any], key: str) -> float | None:
+    """*key* as a finite number of seconds, None when absent; the settings' messages."""
+    value = options.get(key)
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            f"{key}={value!r} is not allowed: it must be a number of seconds"
+        ) from None
+    if math.isnan(number) or math.isinf(number):
+        raise ConfigurationError(f"{key}={value!r} is not allowed: it must be a finite number")
+    return number
+
+
 def _as_dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
@@ -222,7 +255,7 @@ def _as_number(value: object) -> float:
 class AzureBlobLeaseStore:
     """Leases as Azure blob leases; see the module docstring."""
 
-    capabilities = frozenset(
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {
             Capability.RELEASE_NOTIFICATION,  # by polling the lease state, see watch()
             Capability.SERVER_TIME,
@@ -230,8 +263,42 @@ class AzureBlobLeaseStore:
             Capability.MULTI_HOST,
         }
     )
-    ttl_range: tuple[float | None, float | None] = AZURE_TTL_RANGE
-    default_renew_fraction = 0.25
+    schemes: ClassVar[tuple[str, ...]] = SCHEMES
+    extra: ClassVar[str | None] = EXTRA
+    ttl_range: ClassVar[tuple[float | None, float | None]] = AZURE_TTL_RANGE
+    default_renew_fraction: ClassVar[float] = 0.25
+    option_keys: ClassVar[frozenset[str]] = frozenset(
+        {
+            "leader_azure_connection_string",
+            "leader_azure_account_url",
+            "leader_azure_watch_interval",
+        }
+    )
+
+    @classmethod
+    def validate_options(cls, options: Mapping[str, Any]) -> None:
+        """Check the ``leader_azure_*`` keys: one line per problem, naming the key.
+
+        The connection string is never echoed: it holds the account key.
+        """
+        secret = options.get("leader_azure_connection_string")
+        if secret is not None and not isinstance(secret, str):
+            raise ConfigurationError(
+                f"leader_azure_connection_string ({type(secret).__name__}) is not allowed: it "
+                "must be an Azure Storage connection string"
+            )
+        account_url = options.get("leader_azure_account_url")
+        if account_url not in (None, "") and not _is_http_url(account_url):
+            raise ConfigurationError(
+                f"leader_azure_account_url={mask_url(str(account_url))!r} is not allowed: it "
+                "must be the account's blob endpoint, https://<account>.blob.core.windows.net"
+            )
+        interval = _seconds(options, "leader_azure_watch_interval")
+        if interval is not None and interval <= 0:
+            raise ConfigurationError(
+                f"leader_azure_watch_interval={interval:g} is not allowed: it must be a number "
+                "of seconds > 0"
+            )
 
     def __init__(
         self,
@@ -451,25 +518,28 @@ class AzureBlobLeaseStore:
         before acquiring, *now* Azure's (whole-second) time of the acquire.
         """
         previous = _as_dict(content.get("holder"))
-        last = content.get("last_token")
+        raw_last = content.get("last_token")
+        last = raw_last if isinstance(raw_last, int) and not isinstance(raw_last, bool) else None
+        ours = previous.get("lease") == guid
+        # Our own acquire whose reply was lost: its hold-off still runs.
+        own_hold_until = _as_number(previous.get("hold_until")) if ours else 0.0
+        forgot = rules.store_forgot(
+            counter_missing=last is None,
+            # Broken, or leased by another at our look and ours now: released, expired
+            # or broken in between, and the store cannot tell which.
+            ended_early=state in _ENDED_EARLY or (state == "leased" and not ours),
+        )
+        # Azure's clock reads whole seconds: the grant may be up to the end of that
+        # second. The recorded end counts from there; the wait counts from the reply.
+        hold_until, hold_off = rules.hold_off(
+            now=now,
+            ttl=float(ttl),
+            own_hold_until=own_hold_until,
+            forgot=forgot,
+            now_latest=float(int(now) + 1),
+        )
         now_us = int(now) * 1_000_000
-        hold_until = hold_off = 0.0
-        if previous.get("lease") == guid:
-            # Our own acquire whose reply was lost: its hold-off still runs.
-            hold_until = _as_number(previous.get("hold_until"))
-            hold_off = max(0.0, hold_until - now)
-        forgot = isinstance(last, bool) or not isinstance(last, int)
-        taken_from_another = state == "leased" and previous.get("lease") != guid
-        if forgot or state in _ENDED_EARLY or taken_from_another:
-            # One ttl from the reply, which comes after Azure granted the lease; the
-            # recorded end counts from the end of the (truncated) second of the grant.
-            hold_off = max(hold_off, float(ttl))
-            hold_until = max(hold_until, int(now) + 1 + float(ttl))
-        if forgot:
-            token = max(now_us + 1_000_000, int(min_token) + 1)
-        else:
-            assert isinstance(last, int)
-            token = max(last + 1, now_us, int(min_token) + 1)
+        token = rules.next_token(last, now_us, min_token, clock_latest=now_us + 1_000_000)
         return token, hold_until, hold_off
 
     def renew(self, name: str, lease_id: str, ttl: float) -> bool:
@@ -558,8 +628,23 @@ class AzureBlobLeaseStore:
         return True
 
     def watch(self, name: str, callback: Callable[[], None]) -> Watch:
-        """Look at the lease state every watch interval; call back when it is free."""
-        return _LeaseStateWatch(self, name, callback, self._watch_interval)
+        """Look at the lease state every watch interval; call back when it turns free."""
+        was_free = False
+
+        def freed() -> bool:
+            nonlocal was_free
+            free = self.lease_is_free(name)
+            turned_free = free and not was_free
+            was_free = free
+            return turned_free
+
+        return poll(
+            name,
+            callback,
+            interval=self._watch_interval,
+            freed=freed,
+            expected=(StoreError, _NotOursError),
+        )
 
     def lease_is_free(self, name: str) -> bool:
         """True when the blob is not leased (one HEAD request)."""
@@ -575,34 +660,5 @@ class AzureBlobLeaseStore:
         self._service.close()
 
 
-class _LeaseStateWatch:
-    """Polls a blob's lease state; calls back when it turns free."""
-
-    def __init__(
-        self, store: AzureBlobLeaseStore, name: str, callback: Callable[[], None], interval: float
-    ) -> None:
-        self._store, self._name, self._callback = store, name, callback
-        self._interval = interval
-        self._closed = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"celery-leader-watch[{name}]", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self) -> None:
-        was_free = False
-        while not self._closed.wait(self._interval):
-            try:
-                free = self._store.lease_is_free(self._name)
-            except (StoreError, _NotOursError):
-                continue
-            if free and not was_free and not self._closed.is_set():
-                try:
-                    self._callback()
-                except Exception:
-                    logger.exception("release watch callback failed")
-            was_free = free
-
-    def close(self) -> None:
-        """Stop polling."""
-        self._closed.set()
+#: The class declares what the registry, the settings and the tests read (checked by mypy).
+_DECLARES: LeaseStoreClass = AzureBlobLeaseStore

@@ -14,7 +14,12 @@ happens inside the store's atomic operations:
   local validity, so the first acquire after such a loss reports a hold-off of
   one ttl; the lease manager does not act as leader until it has passed.
 
-Stores declare what they can do in :attr:`LeaseStore.capabilities`.
+A store class declares, before any instance exists, what the registry, the
+settings and the tests read from it (:class:`LeaseStoreClass`): the URL schemes
+it serves, the extra that installs it, the ttl range it accepts, its renew
+fraction, its own setting keys and what it can do (:class:`Capability`; the
+contract suite checks every claim). The rules every acquire applies, the next
+token and the hold-off, are written once in :mod:`celery_leader.stores.rules`.
 """
 
 from __future__ import annotations
@@ -23,13 +28,13 @@ import enum
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 class Capability(enum.Enum):
-    """What a store can do, for tests, docs and the lease manager."""
+    """What a store can do; the contract suite (tests/stores/test_contract.py) checks each claim."""
 
     #: Followers are told at once when a lease is released (no waiting for expiry).
     RELEASE_NOTIFICATION = "release-notification"
@@ -125,9 +130,6 @@ class LeaseStore(Protocol):
 
     #: The store's URL with secrets masked, safe to print.
     url: str
-    capabilities: frozenset[Capability]
-    #: Allowed ttl range in seconds (inclusive); None means no bound.
-    ttl_range: tuple[float | None, float | None]
 
     def acquire(self, name: str, holder: Holder, ttl: float, min_token: int = 0) -> AcquireResult:
         """Take the lease if it is free or already ours; never take another holder's.
@@ -166,3 +168,39 @@ class LeaseStore(Protocol):
 
     def close(self) -> None:
         """Release connections and threads."""
+
+
+class LeaseStoreClass(Protocol):
+    """What a store class declares, read before any store is opened.
+
+    The registry builds its messages from it, the settings check the ttl and
+    the store's own keys with it, and the contract suite checks every
+    capability claimed. A class registered in the ``celery_leader.stores``
+    entry-point group must declare all of it.
+    """
+
+    #: The URL beginnings the store serves, as users write them (``"sqlite:///"``);
+    #: the scheme is the part before ``:``.
+    schemes: tuple[str, ...]
+    #: The extra that installs what the store needs (``pip install
+    #: 'celery-leader[<extra>]'``), None when a plain install has it.
+    extra: str | None
+    capabilities: frozenset[Capability]
+    #: Allowed ttl range in seconds (inclusive); None means no bound.
+    ttl_range: tuple[float | None, float | None]
+    #: The renew interval, as a fraction of the ttl, when ``leader_renew_interval`` is unset.
+    default_renew_fraction: float
+    #: The ``leader_*`` setting keys the store reads from its options.
+    option_keys: frozenset[str]
+
+    def validate_options(self, options: Mapping[str, Any]) -> None:
+        """Raise :class:`~celery_leader.exceptions.ConfigurationError` for a bad value of its keys.
+
+        *options* maps keys to the values given (absent keys are left out).
+        Each message is one line naming the key; secrets are never echoed.
+        """
+
+    def from_url(
+        self, url: str, *, timeout: float, options: Mapping[str, Any] | None = None
+    ) -> LeaseStore:
+        """Open a store on *url*; every call on it is bounded by about *timeout* seconds."""

@@ -13,9 +13,16 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from celery_leader.stores.base import AcquireResult, Capability, Holder, LeaseRecord, Watch
+from celery_leader.stores.base import (
+    AcquireResult,
+    Capability,
+    Holder,
+    LeaseRecord,
+    LeaseStoreClass,
+    Watch,
+)
 
 
 @dataclass
@@ -60,8 +67,16 @@ class _MemoryWatch:
 class MemoryLeaseStore:
     """Leases in a dict shared by the stores of one process with the same URL."""
 
-    capabilities = frozenset({Capability.RELEASE_NOTIFICATION})
-    ttl_range: tuple[float | None, float | None] = (None, None)
+    schemes: ClassVar[tuple[str, ...]] = ("memory://",)
+    extra: ClassVar[str | None] = None
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.RELEASE_NOTIFICATION})
+    ttl_range: ClassVar[tuple[float | None, float | None]] = (None, None)
+    default_renew_fraction: ClassVar[float] = 1 / 3
+    option_keys: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def validate_options(cls, options: Mapping[str, Any]) -> None:
+        """No keys of its own."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -161,3 +176,7 @@ class MemoryLeaseStore:
 
     def close(self) -> None:
         """Nothing to close."""
+
+
+#: The class declares what the registry, the settings and the tests read (checked by mypy).
+_DECLARES: LeaseStoreClass = MemoryLeaseStore

@@ -79,25 +79,26 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import Any, ClassVar
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from celery_leader._masking import mask_text, mask_url
-from celery_leader.bounded import StoreCallTimeoutError
 from celery_leader.exceptions import StoreAuthError, StoreError, StoreUnreachableError
+from celery_leader.lease.bounded import StoreCallTimeoutError
 from celery_leader.stores.base import (
     AcquireResult,
     Capability,
     Holder,
     LeaseRecord,
+    LeaseStoreClass,
     Watch,
 )
+from celery_leader.stores.watch import WatchThread
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +177,7 @@ _INCARNATION = """
 class RedisLeaseStore:
     """Leases in one Redis key per election, with Lua compare-and-set."""
 
-    capabilities = frozenset(
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {
             Capability.RELEASE_NOTIFICATION,
             Capability.SERVER_TIME,
@@ -184,7 +185,11 @@ class RedisLeaseStore:
             Capability.MULTI_HOST,
         }
     )
-    ttl_range: tuple[float | None, float | None] = (None, None)
+    schemes: ClassVar[tuple[str, ...]] = ("redis://", "rediss://", "unix://")
+    extra: ClassVar[str | None] = None
+    ttl_range: ClassVar[tuple[float | None, float | None]] = (None, None)
+    default_renew_fraction: ClassVar[float] = 1 / 3
+    option_keys: ClassVar[frozenset[str]] = frozenset()
 
     # KEYS[1] lease key, KEYS[2] token counter, KEYS[3] meta hash.
     # ARGV[1] lease id, ARGV[2] holder JSON without its closing brace,
@@ -282,6 +287,10 @@ class RedisLeaseStore:
     return {value, redis.call('PTTL', KEYS[1]),
             now[1] .. string.format('%06d', tonumber(now[2]))}
     """
+
+    @classmethod
+    def validate_options(cls, options: Mapping[str, Any]) -> None:
+        """No keys of its own: everything is in the URL."""
 
     def __init__(self, client: redis.Redis, url: str) -> None:
         self._client = client
@@ -435,7 +444,7 @@ class RedisLeaseStore:
 
     def watch(self, name: str, callback: Callable[[], None]) -> Watch:
         """Subscribe to the release channel in a daemon thread."""
-        return _ReleaseWatch(self._client, release_channel(name), callback)
+        return _release_watch(self._client, release_channel(name), callback)
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -462,55 +471,38 @@ def _parse_record(value: object, expires_in: float, now: float) -> LeaseRecord |
         return None
 
 
-class _ReleaseWatch:
-    """Listens on a release channel; calls back on every message and subscription.
+def _release_watch(client: redis.Redis, channel: str, callback: Callable[[], None]) -> Watch:
+    """Listen on a release channel; call back on every message and every subscription.
 
     Each subscription, the first and every one after a reconnect, calls back
     once: a release published before the subscription was live reached no
     one, so the caller must look at the lease again. Spurious calls are cheap,
-    missed ones are not.
+    missed ones are not. A failed connection is retried with a backoff of up to
+    2 s; the thread ends within about a second of ``close()``.
     """
 
-    def __init__(self, client: redis.Redis, channel: str, callback: Callable[[], None]) -> None:
-        self._client = client
-        self._channel = channel
-        self._callback = callback
-        self._closed = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"celery-leader-watch[{channel}]", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self) -> None:
+    def listen(watch: WatchThread) -> None:
         failures = 0
-        while not self._closed.is_set():
-            pubsub = self._client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        while not watch.closed.is_set():
+            pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
             try:
-                pubsub.subscribe(self._channel)
-                self._notify()
+                pubsub.subscribe(channel)
+                watch.notify()
                 failures = 0
-                while not self._closed.is_set():
+                while not watch.closed.is_set():
                     message = pubsub.get_message(timeout=1.0)
                     if message is not None:
-                        self._notify()
+                        watch.notify()
             except Exception as exc:  # noqa: BLE001 - the watch must outlive any client failure
                 failures += 1
-                logger.debug(
-                    "release watch on %s interrupted: %s", self._channel, mask_text(str(exc))
-                )
-                self._closed.wait(min(0.1 * 2**failures, 2.0))
+                logger.debug("release watch on %s interrupted: %s", channel, mask_text(str(exc)))
+                watch.closed.wait(min(0.1 * 2**failures, 2.0))
             finally:
                 with suppress(Exception):
                     pubsub.close()
 
-    def _notify(self) -> None:
-        if self._closed.is_set():
-            return
-        try:
-            self._callback()
-        except Exception:
-            logger.exception("release watch callback failed")
+    return WatchThread(channel, callback, listen)
 
-    def close(self) -> None:
-        """Stop listening; the thread ends within about a second."""
-        self._closed.set()
+
+#: The class declares what the registry, the settings and the tests read (checked by mypy).
+_DECLARES: LeaseStoreClass = RedisLeaseStore

@@ -1,4 +1,9 @@
-"""Pick a lease store class by URL scheme, through entry points."""
+"""Pick a lease store class by URL scheme, through entry points.
+
+Every message that names the stores is built from what the store classes
+declare (:class:`~celery_leader.stores.base.LeaseStoreClass`), so a store
+added through an entry point is named in them with no change here.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from urllib.parse import urlsplit
 
 from celery_leader._masking import mask_url
 from celery_leader.exceptions import ConfigurationError
-from celery_leader.stores.base import LeaseStore
+from celery_leader.stores.base import LeaseStore, LeaseStoreClass
 
 ENTRY_POINT_GROUP = "celery_leader.stores"
 
@@ -42,33 +47,89 @@ def available_schemes() -> list[str]:
     return sorted(_store_paths())
 
 
-def _load(path: str) -> Any:
+def _load(path: str) -> LeaseStoreClass:
     module_name, _, attr = path.partition(":")
-    return getattr(import_module(module_name), attr)
+    cls: LeaseStoreClass = getattr(import_module(module_name), attr)
+    return cls
 
 
-def store_class(url: str) -> Any:
+def store_class(url: str) -> LeaseStoreClass:
     """The store class registered for *url*'s scheme.
 
     Raises :class:`ConfigurationError` naming ``leader_backend_url`` and the
-    known schemes when none is registered.
+    known schemes when none is registered, or when the class cannot be
+    loaded (the store's own message names the extra to install).
     """
     scheme = urlsplit(url).scheme.lower()
     paths = _store_paths()
     if scheme not in paths:
         raise ConfigurationError(
             f"leader_backend_url={mask_url(url)!r} is not allowed: unknown scheme "
-            f"{scheme!r}; use one of "
-            f"{', '.join(s + '://' for s in sorted(paths) if s not in TEST_ONLY_SCHEMES)}"
+            f"{scheme!r}; use one of {', '.join(_url_starts(paths, by_scheme=True))}"
         )
     try:
         return _load(paths[scheme])
     except ImportError as exc:
-        hint = " (pip install 'celery-leader[azure]')" if scheme == "azureblob" else ""
         raise ConfigurationError(
-            f"leader_backend_url={mask_url(url)!r}: the {scheme}:// store cannot be "
-            f"loaded: {exc}{hint}"
+            f"leader_backend_url={mask_url(url)!r}: the {scheme}:// store cannot be loaded: {exc}"
         ) from None
+
+
+def _url_starts(paths: Mapping[str, str], *, by_scheme: bool = False) -> list[str]:
+    """How the URLs of each registered scheme begin, as its store class declares (``schemes``).
+
+    Test-only schemes are left out. A scheme whose class cannot be loaded
+    (its extra is not installed) is still named, as ``<scheme>://``. Sorted
+    by scheme with *by_scheme*, else in registration order (the built-in
+    stores first, most used first).
+    """
+    starts = []
+    for scheme in sorted(paths) if by_scheme else paths:
+        if scheme in TEST_ONLY_SCHEMES:
+            continue
+        try:
+            forms = _load(paths[scheme]).schemes
+        except Exception:  # noqa: BLE001 - a store that cannot load is named all the same
+            forms = ()
+        declared = [form for form in forms if form.partition(":")[0].lower() == scheme]
+        starts.append(declared[0] if declared else f"{scheme}://")
+    return starts
+
+
+def shared_store_urls() -> str:
+    """The URL beginnings of every store workers can share, for messages.
+
+    ``"redis://, rediss://, unix://, sqlite:/// or azureblob://"``: read from
+    each store class's ``schemes``, so a store added through an entry point
+    is named too. Loads every store class: call it on error paths only.
+    """
+    starts = _url_starts(_store_paths())
+    return ", ".join(starts[:-1]) + f" or {starts[-1]}" if len(starts) > 1 else "".join(starts)
+
+
+def validate_store_options(url: str, options: Mapping[str, Any]) -> None:
+    """Let each store check its own keys in *options* (the values given, by key).
+
+    The store of *url* always checks. When *options* holds keys that store
+    does not read, every other registered store that reads one of them checks
+    too, so that a bad value is reported at start even before it is used (a
+    store whose extra is not installed cannot check, and is passed over).
+    Raises :class:`ConfigurationError` naming the key.
+    """
+    own = store_class(url)
+    own.validate_options(options)
+    others = set(options) - own.option_keys
+    if not others:
+        return
+    seen = {own}
+    for path in _store_paths().values():
+        try:
+            cls = _load(path)
+        except Exception:  # noqa: BLE001,S112 - a store that cannot load cannot check its keys
+            continue
+        if cls not in seen and others & cls.option_keys:
+            seen.add(cls)
+            cls.validate_options(options)
 
 
 def open_store(url: str, *, timeout: float, options: Mapping[str, Any] | None = None) -> LeaseStore:
@@ -77,6 +138,4 @@ def open_store(url: str, *, timeout: float, options: Mapping[str, Any] | None = 
     *options* carries store-specific settings (e.g. Azure credentials).
     Opening connects lazily: an unreachable store raises on first use, not here.
     """
-    cls = store_class(url)
-    store: LeaseStore = cls.from_url(url, timeout=timeout, options=dict(options or {}))
-    return store
+    return store_class(url).from_url(url, timeout=timeout, options=dict(options or {}))

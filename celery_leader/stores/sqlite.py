@@ -75,12 +75,21 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from celery_leader import clock as lease_clock
 from celery_leader.exceptions import StoreError
-from celery_leader.stores.base import AcquireResult, Capability, Holder, LeaseRecord, Watch
+from celery_leader.stores import rules
+from celery_leader.stores.base import (
+    AcquireResult,
+    Capability,
+    Holder,
+    LeaseRecord,
+    LeaseStoreClass,
+    Watch,
+)
 from celery_leader.stores.sqlite_url import sqlite_path
+from celery_leader.stores.watch import poll
 
 logger = logging.getLogger(__name__)
 
@@ -149,8 +158,16 @@ def _identity(path: Path) -> _FileIdentity | None:
 class SQLiteLeaseStore:
     """Leases in a SQLite database file shared by processes on one host."""
 
-    capabilities = frozenset({Capability.RELEASE_NOTIFICATION})
-    ttl_range: tuple[float | None, float | None] = (None, None)
+    schemes: ClassVar[tuple[str, ...]] = ("sqlite:///",)
+    extra: ClassVar[str | None] = None
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.RELEASE_NOTIFICATION})
+    ttl_range: ClassVar[tuple[float | None, float | None]] = (None, None)
+    default_renew_fraction: ClassVar[float] = 1 / 3
+    option_keys: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def validate_options(cls, options: Mapping[str, Any]) -> None:
+        """No keys of its own: everything is in the URL."""
 
     def __init__(self, path: Path, url: str, timeout: float, *, quiet: bool = False) -> None:
         self.url = url
@@ -306,7 +323,7 @@ class SQLiteLeaseStore:
         with self._transaction("acquire") as conn:
             now_us = host_clock_us()
             row = self._live_row(conn, name, now_us)
-            hold_until = 0
+            own_hold_until = 0
             if row is not None:
                 if row[0] != holder.lease_id:
                     return AcquireResult(
@@ -314,24 +331,30 @@ class SQLiteLeaseStore:
                         holder=_record(row, now_us),
                         retry_in=(row[7] - now_us) / 1e6,
                     )
-                hold_until = int(row[8])  # our own lease (a lost reply): its hold-off runs on
+                own_hold_until = int(row[8])  # our own lease (a lost reply): its hold-off runs on
             counter = conn.execute(
                 "SELECT last_token, lease_end_us, boot_id, file_id"
                 " FROM celery_leader_token WHERE name = ?",
                 (name,),
             ).fetchone()
-            last = 0
-            if counter is None:
-                # A new or deleted database: the old holder may still trust its validity.
-                hold_until = now_us + ttl_us
-            else:
-                last = int(counter[0])
-                if counter[2] == self._boot_id:  # else: recorded before a reboot, nobody acts
-                    replaced = bool(counter[3]) and counter[3] != self._file_id
-                    vanished = row is None and int(counter[1]) > now_us
-                    if replaced or vanished:
-                        hold_until = max(hold_until, now_us + ttl_us)
-            token = max(last + 1, time.time_ns() // 1000, int(min_token) + 1)
+            # A counter recorded before a reboot has no holder left to act on it.
+            same_boot = counter is not None and counter[2] == self._boot_id
+            forgot = rules.store_forgot(
+                # A new or deleted database.
+                counter_missing=counter is None,
+                # A replaced or restored file.
+                data_replaced=same_boot and bool(counter[3]) and counter[3] != self._file_id,
+                vanished_early=same_boot
+                and rules.lease_vanished_early(row is not None, int(counter[1]), now_us),
+            )
+            hold_until, hold_off_us = rules.hold_off(
+                now=now_us, ttl=ttl_us, own_hold_until=own_hold_until, forgot=forgot
+            )
+            # Tokens on the wall clock (shared by the host's processes, and kept across a
+            # reboot), hold-offs on the lease clock.
+            token = rules.next_token(
+                None if counter is None else int(counter[0]), time.time_ns() // 1000, min_token
+            )
             conn.execute(
                 "INSERT INTO celery_leader_token (name, last_token, lease_end_us, boot_id,"
                 " file_id) VALUES (?, ?, ?, ?, ?)"
@@ -357,7 +380,7 @@ class SQLiteLeaseStore:
                     hold_until,
                 ),
             )
-        return AcquireResult(acquired=True, token=token, hold_off=max(0, hold_until - now_us) / 1e6)
+        return AcquireResult(acquired=True, token=token, hold_off=hold_off_us / 1e6)
 
     def renew(self, name: str, lease_id: str, ttl: float) -> bool:
         """Extend our unexpired lease (and its recorded end); False when it is gone or another's."""
@@ -424,8 +447,32 @@ class SQLiteLeaseStore:
         return True
 
     def watch(self, name: str, callback: Callable[[], None]) -> Watch:
-        """Poll for a free lease in a daemon thread."""
-        return _FreeLeaseWatch(self, name, callback)
+        """Poll for a free lease in a daemon thread, with a connection of its own.
+
+        Every :data:`WATCH_POLL_INTERVAL`, a cheap ``PRAGMA data_version``;
+        only when another connection committed (or the file was replaced) does
+        it read the lease, and it calls back when the lease is then free.
+        """
+        own = SQLiteLeaseStore(self._path, self.url, self._timeout, quiet=True)
+        last_version: tuple[_FileIdentity, int] | None = None
+
+        def freed() -> bool:
+            nonlocal last_version
+            number = own.data_version()  # may reopen a replaced file: identity after it
+            version = (own._identity, number)
+            if version == last_version:
+                return False
+            last_version = version
+            return own.lease_is_free(name)
+
+        return poll(
+            name,
+            callback,
+            interval=WATCH_POLL_INTERVAL,
+            freed=freed,
+            expected=(StoreError, sqlite3.Error),
+            on_end=own.close,
+        )
 
     def lease_is_free(self, name: str) -> bool:
         """True when no live lease of *name* exists (used by the watcher)."""
@@ -463,37 +510,5 @@ def _record(row: tuple[Any, ...], now_us: int) -> LeaseRecord:
     )
 
 
-class _FreeLeaseWatch:
-    """Calls back when another connection commits and the lease is then free."""
-
-    def __init__(self, store: SQLiteLeaseStore, name: str, callback: Callable[[], None]) -> None:
-        self._store = SQLiteLeaseStore(store._path, store.url, store._timeout, quiet=True)
-        self._name = name
-        self._callback = callback
-        self._closed = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"celery-leader-watch[{name}]", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self) -> None:
-        last_version: tuple[_FileIdentity, int] | None = None
-        try:
-            while not self._closed.wait(WATCH_POLL_INTERVAL):
-                try:
-                    number = self._store.data_version()
-                    version = (self._store._identity, number)
-                    if version != last_version:
-                        last_version = version
-                        if self._store.lease_is_free(self._name) and not self._closed.is_set():
-                            self._callback()
-                except (StoreError, sqlite3.Error):
-                    continue
-                except Exception:
-                    logger.exception("release watch callback failed")
-        finally:
-            self._store.close()
-
-    def close(self) -> None:
-        """Stop polling."""
-        self._closed.set()
+#: The class declares what the registry, the settings and the tests read (checked by mypy).
+_DECLARES: LeaseStoreClass = SQLiteLeaseStore
