@@ -10,10 +10,19 @@ from pathlib import Path
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "testing"
 
 
-def run_pytest(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """pytest in its own process, in *cwd*, as a project runs its suite."""
+def run_pytest(
+    cwd: Path, *args: str, pytest_celery: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """pytest in its own process, in *cwd*, as a project runs its suite.
+
+    pytest-celery (in the test extra) registers its plugin, named ``celery``,
+    in every pytest run; unless *pytest_celery*, it is switched off, so that
+    the project runs as most projects do: with Celery's own plugin only
+    (tests/test_pytest_celery.py runs beside it).
+    """
+    plugins = () if pytest_celery else ("-p", "no:celery")
     return subprocess.run(
-        [sys.executable, "-m", "pytest", *args],
+        [sys.executable, "-m", "pytest", *plugins, *args],
         cwd=cwd,
         capture_output=True,
         text=True,
