@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from celery_leader.stores.base import Holder
+from celery_leader import clock
+from celery_leader.stores.base import Capability, Holder, LeaseStore, NullWatch
+from tests.store_matrix import kind_of
 
 
 def holder(tag: str) -> Holder:
     return Holder(lease_id=f"id-{tag}", nodename=f"node-{tag}", hostname="host", pid=100)
+
+
+def claims(store: LeaseStore, capability: Capability) -> bool:
+    """Whether the store's class claims *capability* (what the checks below hold it to)."""
+    return capability in type(store).capabilities  # type: ignore[attr-defined]
 
 
 def test_acquire_free_lease_gives_positive_token(make_store, lease_ttl):
@@ -77,7 +87,7 @@ def test_renew_and_release_are_compare_and_set(make_store, lease_ttl):
 @pytest.mark.slow
 def test_renew_extends_and_lease_expires_without_it(make_store, any_store_url):
     """A renewed lease outlives its first ttl; an unrenewed one expires."""
-    ttl = 15.0 if any_store_url.startswith("azureblob") else 0.6
+    ttl = kind_of(any_store_url).short_ttl
     store = make_store()
     store.acquire("job", holder("a"), ttl=ttl)
     time.sleep(ttl * 0.6)
@@ -114,8 +124,11 @@ def test_elections_are_independent(make_store, lease_ttl):
 
 
 def test_watch_calls_back_on_release(make_store):
-    """A watcher hears of a release well before the lease would expire."""
+    """A watcher hears of a release well before the lease would expire (RELEASE_NOTIFICATION)."""
     store = make_store()
+    if not claims(store, Capability.RELEASE_NOTIFICATION):
+        assert isinstance(store.watch("job", lambda: None), NullWatch)
+        return
     watcher_store = make_store()
     store.acquire("job", holder("a"), ttl=30)  # within Azure's 15..60
     heard = threading.Event()
@@ -138,6 +151,8 @@ def test_watch_hears_a_release_made_before_it_was_up(make_store):
     otherwise sleep out a whole ttl behind a lease nobody holds.
     """
     store = make_store()
+    if not claims(store, Capability.RELEASE_NOTIFICATION):
+        pytest.skip("the store does not claim release notifications")
     store.acquire("job", holder("a"), ttl=30)
     assert store.release("job", "id-a")
     heard = threading.Event()
@@ -195,3 +210,106 @@ def test_many_processes_opening_a_new_sqlite_store_at_once(tmp_path):
     )
     procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(8)]
     assert [p.wait(60) for p in procs] == [0] * 8
+
+
+# -- every capability a store claims is checked ------------------------------------------
+
+#: The test that holds a store to each capability it claims: a claim not honoured fails.
+CAPABILITY_CHECKS = {
+    Capability.RELEASE_NOTIFICATION: "test_watch_calls_back_on_release",
+    Capability.FENCING_SURVIVES_DATA_LOSS: "test_claimed_fencing_survives_data_loss",
+    Capability.SERVER_TIME: "test_claimed_server_time_ignores_the_clients_clocks",
+    Capability.MULTI_HOST: "test_claimed_multi_host_excludes_a_client_on_another_host",
+}
+
+
+def test_every_capability_has_a_check():
+    """A capability no test checks could be claimed and never honoured."""
+    assert set(CAPABILITY_CHECKS) == set(Capability)
+    assert all(name in globals() for name in CAPABILITY_CHECKS.values())
+
+
+def test_claimed_fencing_survives_data_loss(running_store, make_store, lease_ttl):
+    """FENCING_SURVIVES_DATA_LOSS: after the store lost all its data, the next token is higher.
+
+    The caller passes no floor (min_token 0): the store alone must keep tokens rising.
+    Within the stores' stated assumption: the store does not lose its data twice
+    within one second (Azure's clock reads whole seconds, and a new store's first
+    acquire counts as one loss), so the loss comes more than a second after it.
+    """
+    store = make_store()
+    if not claims(store, Capability.FENCING_SURVIVES_DATA_LOSS):
+        pytest.skip("the store does not claim fencing across data loss")
+    first = store.acquire("job", holder("a"), ttl=lease_ttl).token
+    assert store.release("job", "id-a")
+    time.sleep(1.1)
+    running_store.lose_data()
+    after = make_store().acquire("job", holder("b"), ttl=lease_ttl)
+    assert after.acquired
+    assert after.token > first, "a token after the loss repeats or goes back"
+
+
+@contextlib.contextmanager
+def on_another_host(monkeypatch, *, wall_clock_ahead: float = 0.0):
+    """Code in this block sees another host: its own name, boot id and boot-time clocks.
+
+    The host-local clocks (monotonic, boot time) of two hosts are unrelated: here they
+    read one hour ahead. *wall_clock_ahead* skews the wall clock too (a client whose
+    wall clock is wrong); hosts synced by NTP agree on it.
+    """
+    real_time, real_time_ns = time.time, time.time_ns
+    real_monotonic, real_now = time.monotonic, clock.now
+    real_read_text = Path.read_text
+
+    def read_text(path, *args, **kwargs):
+        if str(path) == "/proc/sys/kernel/random/boot_id":
+            return "00000000-0000-4000-8000-another-host"
+        return real_read_text(path, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(time, "time", lambda: real_time() + wall_clock_ahead)
+        patch.setattr(time, "time_ns", lambda: real_time_ns() + int(wall_clock_ahead * 1e9))
+        patch.setattr(time, "monotonic", lambda: real_monotonic() + 3600.0)
+        patch.setattr(clock, "now", lambda: real_now() + 3600.0)
+        patch.setattr(socket, "gethostname", lambda: "another-host")
+        patch.setattr(Path, "read_text", read_text)
+        yield
+
+
+def test_claimed_server_time_ignores_the_clients_clocks(make_store, lease_ttl, monkeypatch):
+    """SERVER_TIME: a client whose clocks are an hour ahead still finds the lease held.
+
+    Expiry measured on the clients' clocks would let it take the lease at once.
+    """
+    store = make_store()
+    if not claims(store, Capability.SERVER_TIME):
+        pytest.skip("the store does not claim server time")
+    assert store.acquire("job", holder("a"), ttl=lease_ttl).acquired
+    with on_another_host(monkeypatch, wall_clock_ahead=3600.0):
+        skewed = make_store()
+        refused = skewed.acquire("job", holder("b"), ttl=lease_ttl)
+        record = skewed.read("job")
+    assert not refused.acquired, "a client with a clock an hour ahead took a live lease"
+    assert record is not None and record.nodename == "node-a"
+    assert 0 < record.expires_in <= lease_ttl
+
+
+def test_claimed_multi_host_excludes_a_client_on_another_host(make_store, lease_ttl, monkeypatch):
+    """MULTI_HOST: a client on another host (name, boot id, boot-time clock) is held to the lease.
+
+    It is refused while the lease is held here, takes it once released, and then
+    this host is refused in turn.
+    """
+    here = make_store()
+    if not claims(here, Capability.MULTI_HOST):
+        pytest.skip("the store does not claim several hosts")
+    assert here.acquire("job", holder("a"), ttl=lease_ttl).acquired
+    with on_another_host(monkeypatch):
+        there = make_store()
+        assert not there.acquire("job", holder("b"), ttl=lease_ttl).acquired
+        record = there.read("job")
+        assert record is not None and record.nodename == "node-a"
+    assert here.release("job", "id-a")
+    with on_another_host(monkeypatch):
+        assert there.acquire("job", holder("b"), ttl=lease_ttl).acquired
+    assert not here.acquire("job", holder("a"), ttl=lease_ttl).acquired
