@@ -18,9 +18,9 @@ import uuid
 from pathlib import Path
 
 from celery_leader.lease import LeaseManager
+from celery_leader.lease.timing import LeaseTiming
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
-from celery_leader.timing import LeaseTiming
 from tests.servers import AzuriteServer
 
 TTL = 15.0

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from multiprocessing.synchronize import Event as EventType
 
 from celery_leader.lease import EventKind, LeaseEvent, LeaseManager
+from celery_leader.lease.timing import LeaseTiming
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
-from celery_leader.timing import LeaseTiming
 
 _SPAWN = multiprocessing.get_context("spawn")
 

@@ -49,7 +49,7 @@ from pathlib import Path
 import redis
 
 from benchmarks.stats import spread
-from celery_leader.procinfo import has_ended
+from celery_leader.elections.procinfo import has_ended
 from tests.chaos.proxy import FaultProxy
 from tests.integration.conftest import Cluster
 

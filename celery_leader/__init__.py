@@ -1,4 +1,34 @@
-"""Leader election for Celery: leader-only tasks, a single active beat, fencing tokens."""
+"""Leader election for Celery: leader-only tasks, a single active beat, fencing tokens.
+
+The package, floor by floor; each imports only from the floors above it
+(``tests/package/test_layers.py`` checks the rules marked *checked*):
+
+* ``stores/``: lease stores, I/O only, one module per store chosen by URL
+  scheme; the token and hold-off rules (``stores/rules.py``). *Checked*:
+  imports only ``exceptions``, ``clock``, ``_masking``; no Celery.
+* ``lease/``: one lease, no Celery: :class:`~celery_leader.lease.LeaseManager`,
+  its timing and its bounded store calls. *Checked*: above stores only.
+* ``elections/``: the elections a process takes part in, no Celery: the
+  ``Election`` unit (manager, shared-memory slot, listener), the group of a
+  process's elections, the shared lease slots and the run table. *Checked*:
+  above lease and stores only.
+* ``term_end/``: what happens to leader work when a term ends: the policy,
+  the sequence in the worker (``in_worker``), the run's side (``in_run``)
+  and the watchdog. *Checked*: above elections only; never the task side,
+  the worker or beat.
+* the task side: ``tasks.py`` (``@leader_only``, ``LeaderTask``, routing) and
+  ``runtime.py`` (``lease_lost()``, ``check_leadership()``). *Checked*: never
+  ``worker/`` or beat.
+* ``worker/`` (bootsteps, the coordinator's wiring, the gate, remote
+  control) and beat (``beat.py``, ``beat_state.py``, ``beat_unled.py``).
+  *Checked*: beat never imports ``worker/`` or the task side.
+* ``observe/``: metrics, health and their HTTP endpoint. *Checked*: never
+  the worker, beat or the task side.
+* ``settings.py``: every ``leader_*`` key read once into settings objects,
+  the one place that derives a lease name or a queue.
+* ``cli.py``, ``demo/``, ``simulation/``, ``pytest_plugin.py``,
+  ``testing.py``: tools on top of everything.
+"""
 
 from __future__ import annotations
 
@@ -21,12 +51,12 @@ from celery_leader.lease import (
     Role,
     Term,
 )
+from celery_leader.lease.timing import LeaseTiming
 from celery_leader.runtime import check_leadership, current_token, lease_lost
 from celery_leader.settings import LeaderSettings, load_settings
 from celery_leader.stores import open_store
 from celery_leader.tasks import LeaderTask, leader_only
 from celery_leader.term_end import OnLoss
-from celery_leader.timing import LeaseTiming
 from celery_leader.worker.bootsteps import LeaderElection
 
 # The one place the version is written: pyproject.toml reads it from here.

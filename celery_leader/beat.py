@@ -74,10 +74,12 @@ from celery.utils.imports import load_extension_class_names, symbol_by_name
 
 from celery_leader._masking import mask_text
 from celery_leader.beat_state import ScheduleState, schedule_time, state_of
-from celery_leader.bounded import BoundedCaller, StoreCallTimeoutError
-from celery_leader.exceptions import ConfigurationError, StoreError
-from celery_leader.lease import LeaseManager
+from celery_leader.elections.election import Election
+from celery_leader.elections.shared_lease import SharedLease
+from celery_leader.exceptions import ConfigurationError, StoreCallTimeoutError, StoreError
+from celery_leader.lease.bounded import BoundedCaller
 from celery_leader.settings import (
+    BEAT_SUFFIX,
     BeatSettings,
     LeaderSettings,
     beat_settings,
@@ -150,7 +152,7 @@ class BeatElection:
     Beat's own store calls (reading the marks, writing one) run from beat's
     loop, not from the lease thread, and are bounded in wall time by
     ``leader_store_timeout`` as the lease thread's are
-    (:mod:`celery_leader.bounded`): a slow or hung store holds beat's tick for
+    (:mod:`celery_leader.lease.bounded`): a slow or hung store holds beat's tick for
     at most that long per call.
     """
 
@@ -162,14 +164,16 @@ class BeatElection:
             options=settings.store_options,
         )
         self.holder = Holder.for_this_process(f"beat-{Holder.for_this_process().nodename}")
-        self.manager = LeaseManager(
+        # The unit the worker uses; beat's runs are its sends, so nothing reads the slot yet.
+        self.election = Election(
             self.store,
-            settings.name,
+            SharedLease(settings.name),
             settings.timing,
             holder=self.holder,
             liveness=self.is_live,
             release_guard=self.no_publish_in_flight,
         )
+        self.manager = self.election.manager
         self._last_tick = time.monotonic()
         self._publish_failed_at: float | None = None
         #: When the publish now in flight began (monotonic), or None.
@@ -191,13 +195,13 @@ class BeatElection:
         self._started = False
         self._lock = threading.Lock()
         if settings.metrics.enabled:
-            from celery_leader.metrics import enable_metrics  # noqa: PLC0415 - optional extra
+            from celery_leader.observe.metrics import enable_metrics  # noqa: PLC0415 - optional extra
 
             enable_metrics(settings.metrics, self.manager)
         metrics = settings.metrics
         if metrics.port is not None:  # last: a probe may come at once
-            from celery_leader.endpoint import serve_at_start  # noqa: PLC0415 - only with a port
-            from celery_leader.health import beat_verdict  # noqa: PLC0415
+            from celery_leader.observe.endpoint import serve_at_start  # noqa: PLC0415 - only with a port
+            from celery_leader.observe.health import beat_verdict  # noqa: PLC0415
 
             serve_at_start(
                 metrics,
@@ -307,7 +311,7 @@ class BeatElection:
         """Run *fn* within ``leader_store_timeout``; any error it raises is a StoreError.
 
         A call given up on keeps running on its helper thread until the store
-        client returns; its result is dropped (see :mod:`celery_leader.bounded`).
+        client returns; its result is dropped (see :mod:`celery_leader.lease.bounded`).
         """
         try:
             return self._calls.call(fn, self.settings.timing.op_timeout, what)
@@ -401,7 +405,7 @@ class LeaderSchedulerMixin:
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         try:
-            settings = settings_for_app(app, name_suffix=".beat")
+            settings = settings_for_app(app, name_suffix=BEAT_SUFFIX)
             # Beat serves on a port of its own: it may share a host (or, under
             # worker -B, a process tree) with a worker serving leader_metrics_port.
             settings = replace(

@@ -35,11 +35,10 @@ from click_didyoumean import DYMGroup  # type: ignore[import-untyped]
 
 from celery_leader._masking import mask_text
 from celery_leader.exceptions import ConfigurationError, StoreError
-from celery_leader.settings import LeaderSettings, settings_for_app
+from celery_leader.settings import BEAT_SUFFIX, LeaderSettings, settings_for_app
 from celery_leader.stores import open_store
 from celery_leader.stores.base import LeaseRecord, LeaseStore
 
-BEAT_SUFFIX = ".beat"
 EXIT_LEADER = 0
 EXIT_NO_LEADER = 1
 EXIT_STORE_ERROR = 2

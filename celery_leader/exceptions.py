@@ -53,6 +53,12 @@ class StoreUnreachableError(StoreError):
 STORE_ERROR_KINDS = ("timeout", "unreachable", "auth", "error")
 
 
+class StoreCallTimeoutError(StoreError):
+    """A store call did not return within its bound."""
+
+    kind = "timeout"
+
+
 class LeaseLost(LeaseError):  # noqa: N818 - the public name is fixed by the API contract
     """The lease under which this code ran has ended.
 

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.exceptions import LeaseError, LeaseLost
-from celery_leader.shared_lease import SharedLease
 
 _shared: SharedLease | None = None
 #: The token eager runs hold, set by :func:`celery_leader.testing.leadership`.

@@ -37,8 +37,8 @@ from celery.local import Proxy
 from celery_leader.exceptions import ConfigurationError, LeaseLost
 from celery_leader.runtime import eager_token, leader_run, shared_lease
 from celery_leader.settings import default_name, default_queue, leader_task_patterns
-from celery_leader.term_end import (
-    OnLoss,
+from celery_leader.term_end import OnLoss
+from celery_leader.term_end.in_run import (
     UnwatchableRunError,
     stop_run_in_task,
     unwatch_run,

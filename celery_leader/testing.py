@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from celery_leader import clock, runtime
-from celery_leader.shared_lease import SharedLease
+from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.stores.memory import reset_memory_stores
 
 __all__ = ["Leadership", "leadership", "reset_memory_stores"]

@@ -7,8 +7,9 @@ import weakref
 
 import pytest
 
+from celery_leader.term_end.in_worker import SnapshotError, never_dispatched
+from celery_leader.term_end.in_worker import snapshot as _snapshot
 from celery_leader.worker import coordinator as coordinator_module
-from celery_leader.worker.coordinator import SnapshotError, _snapshot, never_dispatched
 
 
 class Task:
@@ -162,7 +163,7 @@ def test_release_guard_waits_for_a_run_the_parent_has_not_seen_start():
     import sys
     import time
 
-    from celery_leader import procinfo
+    from celery_leader.elections import procinfo
     from celery_leader.settings import load_settings
 
     settings = load_settings({"leader_backend_url": "memory://guard"}, "t")
@@ -191,9 +192,9 @@ def test_a_dead_watchdog_is_replaced_before_a_renewal_and_fails_health_until_the
     import signal
     import time
 
-    from celery_leader.health import worker_verdict
+    from celery_leader.observe.health import worker_verdict
     from celery_leader.settings import load_settings
-    from celery_leader.term_end import Watchdog
+    from celery_leader.term_end.watchdog import Watchdog
 
     settings = load_settings({"leader_backend_url": "memory://watchdog"}, "t")
     coordinator = coordinator_module.Coordinator(

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from celery_leader.lease import EventKind, LeaseManager
+from celery_leader.lease.timing import LeaseTiming
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
-from celery_leader.timing import LeaseTiming
 from tests.history import History
 
 TTL = 1.0

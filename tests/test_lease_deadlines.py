@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from celery_leader.bounded import BoundedCaller, StoreCallTimeoutError
-from celery_leader.exceptions import StoreError
+from celery_leader.exceptions import StoreCallTimeoutError, StoreError
 from celery_leader.lease import EventKind, LeaseEvent, LeaseManager, LossReason
+from celery_leader.lease.bounded import BoundedCaller
+from celery_leader.lease.timing import LeaseTiming
 from celery_leader.stores.base import AcquireResult, Holder, NullWatch
-from celery_leader.timing import LeaseTiming
 
 TIMING = LeaseTiming.create(3.0)  # renew 1.0, margin 0.06, op_timeout 0.5
 

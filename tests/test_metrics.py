@@ -7,9 +7,9 @@ import time
 from prometheus_client import CollectorRegistry
 
 from celery_leader.lease import LeaseManager
-from celery_leader.metrics import metrics_for
+from celery_leader.lease.timing import LeaseTiming
+from celery_leader.observe.metrics import metrics_for
 from celery_leader.stores import open_store
-from celery_leader.timing import LeaseTiming
 
 
 def value(registry, name, **labels):
@@ -56,8 +56,8 @@ def test_a_taken_port_stops_the_start_with_one_line_naming_the_setting():
 
     import pytest
 
-    from celery_leader.endpoint import serve_at_start
-    from celery_leader.health import Verdict
+    from celery_leader.observe.endpoint import serve_at_start
+    from celery_leader.observe.health import Verdict
     from celery_leader.settings import MetricsSettings
     from celery_leader.startup_error import StartupConfigurationError
 

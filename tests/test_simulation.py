@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from celery_leader.shared_lease import SharedLease
+from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.simulation import Broken, run_seeds, simulate
 from celery_leader.simulation.cli import main
 from celery_leader.simulation.faults import Kind

@@ -13,18 +13,15 @@ import time
 
 import pytest
 
-from celery_leader import clock, procinfo
+from celery_leader import clock
+from celery_leader.elections import procinfo
+from celery_leader.elections.procinfo import process_ended
+from celery_leader.elections.run_table import RUN_SLOTS, Run
+from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.exceptions import ConfigurationError
-from celery_leader.run_table import RUN_SLOTS, Run
-from celery_leader.shared_lease import SharedLease
-from celery_leader.term_end import (
-    OnLoss,
-    Watchdog,
-    effective_policy,
-    ended_by_term,
-    enforce_deadlines,
-    process_ended,
-)
+from celery_leader.term_end import OnLoss, effective_policy
+from celery_leader.term_end.in_worker import ended_by_term
+from celery_leader.term_end.watchdog import Watchdog, enforce_deadlines
 
 
 @pytest.mark.parametrize(
@@ -373,7 +370,7 @@ def test_a_pool_child_past_the_run_table_refuses_leader_work(monkeypatch):
     """A pool grown past the run table (pool_grow, autoscale): the run is refused, not unwatched."""
     from billiard.process import current_process
 
-    from celery_leader.term_end import UnwatchableRunError, watch_run
+    from celery_leader.term_end.in_run import UnwatchableRunError, watch_run
 
     shared = SharedLease()
     monkeypatch.setattr(shared.group, "owner_pid", -1)  # this process stands in for a pool child

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from celery_leader.timing import LeaseTiming
+from celery_leader.lease.timing import LeaseTiming
 
 
 def test_defaults_derive_from_ttl():

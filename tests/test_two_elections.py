@@ -3,7 +3,7 @@
 Built directly (named elections come with their public API later): one
 :class:`SharedLeases` group with two election slots whose tokens are equal
 numbers, real child processes standing for pool children, and two
-coordinators sharing the group as one worker's elections will.
+coordinators sharing one :class:`ElectionGroup`, as one worker's elections will.
 """
 
 from __future__ import annotations
@@ -14,11 +14,14 @@ import subprocess
 import sys
 import time
 
-from celery_leader import clock, procinfo
+from celery_leader import clock
+from celery_leader.elections import procinfo
+from celery_leader.elections.group import ElectionGroup
+from celery_leader.elections.shared_lease import SharedLeases
 from celery_leader.settings import load_settings
-from celery_leader.shared_lease import SharedLeases
 from celery_leader.stores import open_store
-from celery_leader.term_end import enforce_deadlines, kill_recorded_runs
+from celery_leader.term_end.in_worker import kill_recorded_runs
+from celery_leader.term_end.watchdog import enforce_deadlines
 from celery_leader.worker import coordinator as coordinator_module
 
 TOKEN = 7  # both elections' current term: equal numbers, unrelated terms
@@ -104,14 +107,15 @@ def coordinator(group, name):
     settings = load_settings({"leader_backend_url": f"memory://{name}", "leader_name": name}, "t")
     store = open_store(f"memory://{name}", timeout=1)
     return coordinator_module.Coordinator(
-        settings, store, nodename="w@h", pool_kind="prefork", shared=group.add(name)
+        settings, store, nodename="w@h", pool_kind="prefork", group=group
     )
 
 
 def test_ending_one_election_kills_and_hands_back_only_its_own_requests(monkeypatch):
-    group = SharedLeases()
+    group = ElectionGroup()
     billing, reports = coordinator(group, "billing"), coordinator(group, "reports")
-    assert billing.shared.group is reports.shared.group
+    assert billing.shared.group is reports.shared.group is group.shared
+    assert [election.name for election in group] == ["billing", "reports"]
     billing.shared.publish(TOKEN, clock.now() + 60)
     reports.shared.publish(TOKEN, clock.now() + 60)
     billing_child, reports_child = sleeper(), sleeper()

@@ -19,9 +19,9 @@ import threading
 from collections.abc import Callable
 
 from celery_leader.lease import LeaseEvent, LeaseManager
+from celery_leader.lease.timing import LeaseTiming
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
-from celery_leader.timing import LeaseTiming
 
 
 def event_line(nodename: str, event: LeaseEvent) -> str:

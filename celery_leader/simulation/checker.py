@@ -32,8 +32,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.lease import LeaseManager
-from celery_leader.shared_lease import SharedLease
 from celery_leader.simulation.scheduler import Halt, Scheduler
 from celery_leader.simulation.trace import Trace
 

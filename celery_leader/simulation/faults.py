@@ -28,8 +28,8 @@ import enum
 import random
 from dataclasses import dataclass, field
 
+from celery_leader.lease.timing import LeaseTiming
 from celery_leader.simulation.network import NetworkProfile
-from celery_leader.timing import LeaseTiming
 
 #: The share of the margin that clock drift may use over one ttl.
 DRIFT_SHARE = 0.25

@@ -10,7 +10,8 @@ Lua scripts and its safety statement):
   reference and a restore is an assignment.
 * **acquire**: refused (with ``retry_in``) while a live lease of someone else
   exists; otherwise the token is ``max(last + 1, store clock in us,
-  min_token + 1)``, and the new holder holds off one ttl when the epoch
+  min_token + 1)`` and the new holder holds off one ttl (both by
+  :mod:`celery_leader.stores.rules`, the rules the Lua is tested against) when the epoch
   changed since the last recorded term, when the meta record is missing
   (first use, or forgotten), when the lease vanished before its recorded
   end (eviction), or always when the store cannot read its epoch (an ACL

@@ -13,8 +13,8 @@ A store call of node A at real time ``t`` (see :meth:`Network.call`):
 3. meanwhile A waits: the scheduler runs the rest of the world, nested,
    until the reply comes or A's timeout (``timeout`` on A's clock) passes,
    whichever is first. On timeout the call raises
-   :class:`~celery_leader.bounded.StoreCallTimeoutError`, exactly like
-   :class:`~celery_leader.bounded.BoundedCaller`; the request may still be
+   :class:`~celery_leader.lease.bounded.StoreCallTimeoutError`, exactly like
+   :class:`~celery_leader.lease.bounded.BoundedCaller`; the request may still be
    applied afterwards ("executed after its client gave up").
 
 A call can return later than its reply when another node's call is nested
@@ -33,8 +33,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
-from celery_leader.bounded import StoreCallTimeoutError
-from celery_leader.exceptions import StoreError
+from celery_leader.exceptions import StoreCallTimeoutError, StoreError
 from celery_leader.simulation.model_store import ModelStore
 from celery_leader.simulation.scheduler import Owner, Scheduler
 from celery_leader.simulation.trace import Trace

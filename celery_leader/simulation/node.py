@@ -12,7 +12,7 @@ A node is one process with one :class:`~celery_leader.lease.LeaseManager`
   assumption is that drift over one ttl stays below its ``margin``);
 * **the store calls** go through :class:`~.network.Network` (delay, loss,
   timeouts);
-* **the work view** is a real :class:`~celery_leader.shared_lease.SharedLease`,
+* **the work view** is a real :class:`~celery_leader.elections.shared_lease.SharedLease`,
   fed as the worker's coordinator feeds it: publish on ELECTED and RENEWED,
   revoke on LOST and RELEASED. The checker reads it on this node's clock, as
   pool children would.
@@ -34,13 +34,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from celery_leader.lease import EventKind, LeaseEvent, LeaseManager, Term
-from celery_leader.shared_lease import SharedLease
+from celery_leader.elections.election import Election
+from celery_leader.elections.shared_lease import SharedLease
+from celery_leader.lease import LeaseEvent, Term
+from celery_leader.lease.timing import LeaseTiming
 from celery_leader.simulation.network import Network, StoreClient, WatchEntry
 from celery_leader.simulation.scheduler import Scheduler
 from celery_leader.simulation.trace import Trace
 from celery_leader.stores.base import Holder
-from celery_leader.timing import LeaseTiming
 
 #: Wake-up latency of a thread whose wait ended: uniform in [0, this] seconds.
 #: Also keeps virtual time moving when a step asks to run again at once.
@@ -104,21 +105,24 @@ class Node:
         self._crash_pending = False
         self._pause_pending = 0.0
         self.watches: list[WatchEntry] = []
-        self.shared = SharedLease()
         self.client = StoreClient(network, self, self.watches)
-        self.manager = LeaseManager(
+        # The unit the worker uses: the same publish and revoke of each term.
+        self.election = Election(
             self.client,
-            ELECTION,
+            SharedLease(ELECTION),
             timing,
             holder=Holder(lease_id=f"{name}-first", nodename=name, hostname="sim", pid=slot),
-            listeners=(self._on_lease_event,),
             liveness=self._live,
             release_guard=self._guard,
+            on_elected=self._on_elected_event,
+            on_ended=self._on_ended_event,
             clock=self.local_now,
             rand=rng.random,
             event_factory=lambda: _Wake(self.wake),
             call=self._call,
         )
+        self.shared = self.election.shared
+        self.manager = self.election.manager
 
     # -- clock and callbacks handed to the manager ---------------------------------
 
@@ -137,22 +141,15 @@ class Node:
             self._trace.add(self._sched.now, self.name, "guard: work of %d still runs", term.token)
         return self.release_guard_ok
 
-    def _on_lease_event(self, event: LeaseEvent) -> None:
-        # What the worker's coordinator does with each event (coordinator.py).
-        token = event.term.token
-        kind = event.kind
-        if kind is EventKind.RENEWED:
-            self.shared.publish(token, event.term.valid_until)
-            return
-        now = self._sched.now
-        if kind is EventKind.ELECTED:
-            self._trace.add(now, self.name, "ELECTED token %d", token)
-            self._on_elected(self, event)
-            self.shared.publish(token, event.term.valid_until)
-        else:
-            reason = f" ({event.reason.value})" if event.reason is not None else ""
-            self._trace.add(now, self.name, "%s token %d%s", kind.name, token, reason)
-            self.shared.revoke(token)
+    def _on_elected_event(self, event: LeaseEvent) -> None:
+        # After the Election published the term, as the worker's coordinator does.
+        self._trace.add(self._sched.now, self.name, "ELECTED token %d", event.term.token)
+        self._on_elected(self, event)
+
+    def _on_ended_event(self, event: LeaseEvent) -> None:
+        reason = f" ({event.reason.value})" if event.reason is not None else ""
+        kind = event.kind.name
+        self._trace.add(self._sched.now, self.name, "%s token %d%s", kind, event.term.token, reason)
 
     # -- the thread -------------------------------------------------------------
 

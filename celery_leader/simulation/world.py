@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from celery_leader.lease import LeaseEvent
+from celery_leader.lease.timing import LeaseTiming
 from celery_leader.simulation.checker import Checker
 from celery_leader.simulation.faults import Fault, Kind, Plan, draw
 from celery_leader.simulation.model_store import Broken, ModelStore
@@ -25,7 +26,6 @@ from celery_leader.simulation.network import Network, notify_watchers
 from celery_leader.simulation.node import Node
 from celery_leader.simulation.scheduler import Halt, Scheduler
 from celery_leader.simulation.trace import Trace
-from celery_leader.timing import LeaseTiming
 
 #: The election's timing: the defaults for a 3 s ttl (renew every 1 s,
 #: margin 0.06 s, store timeout 0.5 s).

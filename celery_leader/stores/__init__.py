@@ -6,7 +6,12 @@ third-party package can add one::
     [project.entry-points."celery_leader.stores"]
     etcd = "mypkg.store:EtcdLeaseStore"
 
-A store class is called as ``cls.from_url(url, timeout=..., options=...)``.
+A store class is called as ``cls.from_url(url, timeout=..., options=...)`` and
+declares what :class:`~celery_leader.stores.base.LeaseStoreClass` lists (its
+schemes, extra, ttl range, renew fraction, setting keys with their
+``validate_options``, and capabilities). Its acquire applies the rules of
+:mod:`celery_leader.stores.rules`; :mod:`celery_leader.stores.watch` runs its
+release watch.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from celery_leader.stores.base import (
     Holder,
     LeaseRecord,
     LeaseStore,
+    LeaseStoreClass,
     NullWatch,
     Watch,
 )
@@ -28,6 +34,7 @@ __all__ = [
     "Holder",
     "LeaseRecord",
     "LeaseStore",
+    "LeaseStoreClass",
     "NullWatch",
     "Watch",
     "available_schemes",

@@ -95,10 +95,10 @@ from celery_leader._masking import mask_text, mask_url
 from celery_leader.exceptions import (
     ConfigurationError,
     StoreAuthError,
+    StoreCallTimeoutError,
     StoreError,
     StoreUnreachableError,
 )
-from celery_leader.lease.bounded import StoreCallTimeoutError
 from celery_leader.stores import rules
 from celery_leader.stores.base import (
     AcquireResult,

@@ -88,8 +88,12 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from celery_leader._masking import mask_text, mask_url
-from celery_leader.exceptions import StoreAuthError, StoreError, StoreUnreachableError
-from celery_leader.lease.bounded import StoreCallTimeoutError
+from celery_leader.exceptions import (
+    StoreAuthError,
+    StoreCallTimeoutError,
+    StoreError,
+    StoreUnreachableError,
+)
 from celery_leader.stores.base import (
     AcquireResult,
     Capability,
@@ -197,6 +201,8 @@ class RedisLeaseStore:
     # Returns {1, token, hold_off_us, 0 or 1} when acquired (1: INFO was refused,
     # so the data's incarnation is unknown and the hold-off is always one ttl),
     # {0, pttl_ms, value} when not.
+    # The token and the hold-off follow celery_leader/stores/rules.py, which cannot run
+    # here: tests/stores/test_rules_oracle.py holds this script to it on the same inputs.
     # Tokens are max(last + 1, server time in us, floor + 1): Lua numbers are
     # doubles, exact to 2^53 (the clock reaches that in the year 2255). They
     # leave Lua through string.format('%d'): tostring() keeps only 14 digits.

@@ -28,8 +28,8 @@ from urllib.parse import urlsplit
 
 from celery import bootsteps
 
+from celery_leader.elections.run_table import RUN_SLOTS
 from celery_leader.exceptions import ConfigurationError
-from celery_leader.run_table import RUN_SLOTS
 from celery_leader.settings import LeaderSettings, settings_for_app
 from celery_leader.startup_error import StartupConfigurationError
 from celery_leader.stores import open_store
@@ -87,8 +87,8 @@ def _check_pool_size(worker: Any, kind: str) -> None:
 
 def _serve(settings: LeaderSettings, coordinator: Coordinator) -> None:
     """``/metrics`` and ``/healthz`` of this worker on ``leader_metrics_port``."""
-    from celery_leader.endpoint import serve_at_start  # noqa: PLC0415 - only with a port
-    from celery_leader.health import worker_verdict  # noqa: PLC0415
+    from celery_leader.observe.endpoint import serve_at_start  # noqa: PLC0415 - only with a port
+    from celery_leader.observe.health import worker_verdict  # noqa: PLC0415
 
     metrics = settings.metrics
     serve_at_start(
@@ -170,7 +170,7 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
                 options=settings.store_options,
             )
             if settings.metrics.enabled:
-                from celery_leader.metrics import enable_metrics  # noqa: PLC0415 - optional extra
+                from celery_leader.observe.metrics import enable_metrics  # noqa: PLC0415 - optional extra
         except ConfigurationError as exc:
             raise WorkerConfigurationError(f"celery-leader: {exc}") from None
         resolve_leader_tasks(worker.app)

@@ -1,22 +1,20 @@
-"""The worker side of one election: lease events in, Celery actions out.
+"""The worker side of one election: Celery wiring around an Election and its TermEnd.
 
 One :class:`Coordinator` per worker process, found with
-:func:`current_coordinator`. It builds and owns the lease manager, and
-turns its events into Celery actions:
+:func:`current_coordinator`. It wires, and decides nothing about the end of
+a term:
 
-* ELECTED: publish the term to the places where work runs, and start
-  consuming the leader queue (on the consumer's loop thread).
-* RENEWED: extend the term in shared memory. A revoked term stays revoked.
-* LOST / RELEASED: revoke the term at once, for good (shared memory, so that
-  runs and buffered jobs see it), and kill the ``terminate`` runs straight
-  from the lease thread. Then, on the loop thread, stop consuming the
-  leader queue and hand back the leader messages that never reached the
-  pool.
+* the :class:`~celery_leader.elections.election.Election` (lease manager,
+  shared-memory slot, listener) in the process's
+  :class:`~celery_leader.elections.group.ElectionGroup`;
+* the :class:`~celery_leader.term_end.in_worker.TermEnd` that ends the
+  election's terms, handed the callables it needs (post to the loop, wake
+  it, stop consuming, the messages waiting);
+* the consumer: consume the leader queue exactly while leading;
+* loop liveness, the gate's questions, redelivered copies, events and
+  signals, step-down, shutdown and inspection.
 
-What the end of a term does to a run (policies, the kill, the watchdog, the
-hand-back rule) lives in :mod:`celery_leader.term_end`.
-
-Stop, then release: the lease manager asks :meth:`Coordinator.work_stopped`
+Stop, then release: the lease manager asks the term end's release guard
 before any release, so the lease is never freed while leader work of the
 term still runs here. A step-down or a warm shutdown gives runs
 ``leader_stop_grace`` seconds to stop. After that, prefork kills the rest.
@@ -40,21 +38,16 @@ from celery.worker import state as worker_state
 from celery.worker.state import task_ready, task_reserved
 
 from celery_leader import signals
-from celery_leader.lease import EventKind, LeaseEvent, LeaseManager, Role, Term
+from celery_leader.elections.election import Election
+from celery_leader.elections.group import ElectionGroup
+from celery_leader.lease import EventKind, LeaseEvent, Role
 from celery_leader.runtime import install_shared_lease
 from celery_leader.runtime import shared_lease as installed_shared_lease
 from celery_leader.settings import LeaderSettings
-from celery_leader.shared_lease import SharedLease, SharedLeases
 from celery_leader.stores.base import Holder, LeaseStore
-from celery_leader.term_end import (
-    KILLABLE_POOLS,
-    OnLoss,
-    Watchdog,
-    effective_policy,
-    kill_recorded_runs,
-    kill_runs,
-    process_ended,
-)
+from celery_leader.term_end import KILLABLE_POOLS, OnLoss, effective_policy
+from celery_leader.term_end.in_worker import SnapshotError, TermEnd, Waiting, snapshot
+from celery_leader.term_end.watchdog import Watchdog
 from celery_leader.worker.dispatch import SerialDispatcher
 from celery_leader.worker.eta import held_for_eta
 from celery_leader.worker.redelivery import (
@@ -74,8 +67,6 @@ logger = logging.getLogger(__name__)
 
 #: The longest an idle blocking consumer loop (Celery's synloop) waits between turns, seconds.
 BLOCKING_LOOP_TURN = 2.0
-#: How long the release waits for killed runs to be gone, in seconds.
-KILL_SETTLE = 1.0
 
 _current: Coordinator | None = None
 
@@ -83,75 +74,6 @@ _current: Coordinator | None = None
 def current_coordinator() -> Coordinator | None:
     """The coordinator of this worker process, if the LeaderElection step runs here."""
     return _current
-
-
-class SnapshotError(RuntimeError):
-    """Celery's request set could not be copied: callers must assume the worst."""
-
-
-def _snapshot(requests: Any) -> list[Any]:
-    """A copy of one of Celery's request WeakSets, taken while the loop thread may change it.
-
-    The copy of the WeakSet's underlying set of references is one C-level
-    operation under the GIL, so it cannot see the set change midway. When
-    it still fails, this raises :class:`SnapshotError`. It never returns
-    "nothing runs" for a copy it could not take.
-    """
-    refs = getattr(requests, "data", requests)
-    for _ in range(100):
-        try:
-            copied = list(refs)
-        except RuntimeError:  # changed during the copy: only possible without a GIL
-            continue
-        items = (ref() if callable(ref) and refs is not requests else ref for ref in copied)
-        return [item for item in items if item is not None]
-    raise SnapshotError("could not copy the worker's request set")
-
-
-def is_leader_request(request: Any) -> bool:
-    """True for requests of leader-only tasks."""
-    return bool(getattr(request.task, "leader_only", False))
-
-
-def never_dispatched(requests: list[Any]) -> list[Any]:
-    """The leader requests among *requests* that the gate never sent to the pool, once each.
-
-    Only these may be handed back when a term ends. A request the gate sent
-    to the pool belongs to the pool: the child checks the term before it runs
-    and the watchdog ends the run, so handing it back too could let the next
-    leader run it while this child still does (a child may have started it
-    before the parent read its acknowledgement).
-    """
-    seen: set[int] = set()
-    chosen = []
-    for request in requests:
-        if id(request) in seen or not is_leader_request(request):
-            continue
-        seen.add(id(request))
-        # The gate marks a request as it hands it to the pool, on the loop
-        # thread; hand-backs run on the loop thread too, so they never race.
-        # (Celery's _apply_result is no sign: eventlet's pool returns None.)
-        in_pool = getattr(request, "leader_dispatched", False)
-        if not in_pool and not request.acknowledged:
-            chosen.append(request)
-    return chosen
-
-
-def election_of(request: Any) -> str | None:
-    """The election a leader request belongs to: the one it was admitted under, else its task's.
-
-    None for a task that names none: it belongs to the process's one election.
-    """
-    admitted = getattr(request, "leader_election", None)
-    return admitted if admitted is not None else getattr(request.task, "leader_election", None)
-
-
-def _of_term(request: Any, election: str, token: int) -> bool:
-    """True for a request of *election*'s term *token* or older (or not admitted yet)."""
-    if election_of(request) not in (None, election):
-        return False  # another election's tokens mean nothing to this one
-    run_token = getattr(request, "leader_token", None)
-    return run_token is None or run_token <= token
 
 
 class Coordinator:
@@ -164,22 +86,36 @@ class Coordinator:
         *,
         nodename: str,
         pool_kind: str,
-        shared: SharedLease | None = None,
+        group: ElectionGroup | None = None,
     ) -> None:
         self.settings = settings
         self.nodename = nodename
         self.pool_kind = pool_kind
-        #: The shared lease slot of this election; its group (one per process) holds
-        #: every election's slot and the run table. A new group unless one is given.
-        self.shared = shared if shared is not None else SharedLeases().add(settings.name)
-        self.manager = LeaseManager(
-            store,
+        #: The elections of this process (one today); a new group unless one is given.
+        self.group = group if group is not None else ElectionGroup()
+        self.election: Election = self.group.add(
             settings.name,
+            store,
             settings.timing,
             holder=Holder.for_this_process(nodename),
-            listeners=(self.on_lease_event,),
             liveness=self.is_live,
-            release_guard=self.work_stopped,
+            release_guard=self._work_stopped,
+            before_elected=self.watchdog_alive,
+            on_elected=self._on_elected,
+            on_ended=self._on_ended,
+        )
+        self.manager = self.election.manager
+        #: This election's shared-memory slot (its group holds the run table).
+        self.shared = self.election.shared
+        #: Ends this election's terms here (see celery_leader.term_end.in_worker).
+        self.term_end = TermEnd(
+            self.shared,
+            pool_kind,
+            policy_for=self.policy_for,
+            post=self.post,
+            wake_loop=self._wake_loop,
+            stop_consuming=self.sync_consumption,
+            waiting=self._waiting_messages,
         )
         self.consumer: Any = None
         self.stepping_down = False
@@ -191,8 +127,8 @@ class Coordinator:
         self._lock = threading.Lock()
         #: Leader runs by task id, and their messages delivered again meanwhile.
         self.redeliveries = Redeliveries()
-        #: Ends prefork runs at their term's deadline (see celery_leader.term_end).
-        self.watchdog = Watchdog(self.shared) if pool_kind in KILLABLE_POOLS else None
+        #: Ends prefork runs at their term's deadline (see celery_leader.term_end.watchdog).
+        self.watchdog = Watchdog(self.shared.group) if pool_kind in KILLABLE_POOLS else None
 
     # -- wiring ---------------------------------------------------------------
 
@@ -262,7 +198,7 @@ class Coordinator:
         if self.pool_kind != "solo":
             return False
         try:
-            return bool(_snapshot(worker_state.active_requests))
+            return bool(snapshot(worker_state.active_requests))
         except SnapshotError:
             return True
 
@@ -401,27 +337,25 @@ class Coordinator:
 
     # -- lease events (manager thread) ----------------------------------------
 
-    def on_lease_event(self, event: LeaseEvent) -> None:
-        """Handle one event from the lease manager. Runs on the manager thread."""
+    def _on_elected(self, event: LeaseEvent) -> None:
+        """A term began (manager thread; the Election published it already)."""
         token = event.term.token
-        if event.kind is EventKind.ELECTED:
-            self.watchdog_alive()  # checked before the acquire too; a death since is caught here
-            self.shared.publish(token, event.term.valid_until)
-            self.post(self.sync_consumption)
-            self._wake_loop()
-            self._send(signals.leader_elected, token=token)
-            self._send_event("leader-elected", token=token)
-        elif event.kind is EventKind.RENEWED:
-            self.shared.publish(token, event.term.valid_until)  # refused once revoked
+        self.post(self.sync_consumption)
+        self._wake_loop()
+        self._send(signals.leader_elected, token=token)
+        self._send_event("leader-elected", token=token)
+
+    def _on_ended(self, event: LeaseEvent) -> None:
+        """A term ended (manager thread; the Election revoked it already): end its work."""
+        token = event.term.token
+        self.term_end.end(token)
+        if event.kind is EventKind.LOST:
+            reason = event.reason.value if event.reason else "unknown"
+            self._send(signals.leader_lost, token=token, reason=reason)
+            self._send_event("leader-lost", token=token, reason=reason)
         else:
-            self.revoke(token)
-            if event.kind is EventKind.LOST:
-                reason = event.reason.value if event.reason else "unknown"
-                self._send(signals.leader_lost, token=token, reason=reason)
-                self._send_event("leader-lost", token=token, reason=reason)
-            else:
-                self._send(signals.leader_released, token=token)
-                self._send_event("leader-released", token=token)
+            self._send(signals.leader_released, token=token)
+            self._send_event("leader-released", token=token)
 
     def _wake_loop(self) -> None:
         """Have a blocking consumer loop run what was just posted now, not in up to 2 s."""
@@ -450,119 +384,37 @@ class Coordinator:
             lambda: signal_.send(sender=self.nodename, name=self.settings.name, **kwargs)
         )
 
-    # -- the end of a term ----------------------------------------------------
+    # -- the end of a term (celery_leader.term_end.in_worker) ------------------
 
     def revoke(self, token: int, *, on_loop: bool = False) -> None:
-        """End term *token* here for good: revoke, kill ``terminate`` runs, hand back the rest.
-
-        Pass *on_loop* when already on the consumer's loop thread (the waiting
-        messages are then handed back at once instead of being posted).
-        """
-        self.shared.revoke(token)
-        try:
-            runs = self.leader_runs(token)
-        except SnapshotError:
-            logger.exception("celery-leader: cannot list runs; the watchdog stops them")
-        else:
-            # Every terminate run of the term whose child is alive, whatever the
-            # run table says: the table is the watchdog's view, and a slot it
-            # cannot read must not spare a run here too. A child that already
-            # finished (its result on its way) loses nothing: its result was sent.
-            doomed = [
-                r
-                for r in runs
-                if self.policy_for(r.task) is OnLoss.TERMINATE and not self._process_gone(r)
-            ]
-            kill_runs(doomed, "lease lost")
-            # And runs the parent has not seen start, from the run table.
-            kill_recorded_runs(self.shared, token, "lease lost", terminate_only=True)
-        if on_loop:
-            self.hand_back_waiting(token)
-        else:
-            self.post(lambda: self.hand_back_waiting(token))
-            self._wake_loop()
+        """End term *token* here for good (see :meth:`TermEnd.end`)."""
+        self.term_end.end(token, on_loop=on_loop)
 
     def leader_runs(self, token: int) -> list[Any]:
-        """Leader runs of term *token* (or older) that the parent saw start and not yet end."""
-        return [
-            request
-            for request in _snapshot(worker_state.active_requests)
-            if is_leader_request(request) and _of_term(request, self.settings.name, token)
-        ]
+        """Leader runs of term *token* (or older) that this process saw start and not yet end."""
+        return self.term_end.leader_runs(token)
 
     def runs_ended(self, token: int, timeout: float) -> bool:
-        """Block until no run of term *token* runs here (at most *timeout* s); True when none does.
+        """True once no run of term *token* runs here; waits at most *timeout* s."""
+        return self.term_end.runs_ended(token, timeout)
 
-        A run the parent killed counts as ended as soon as its process
-        exited, before the loop thread has processed its death.
-        """
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                running = [r for r in self.leader_runs(token) if not self._process_gone(r)]
-            except SnapshotError:
-                running = [None]  # unknown: assume work still runs
-            # Runs the pool's children recorded, the parent may not know of yet.
-            running += self.shared.runs.running(
-                token, exclude_pid=self.shared.owner_pid, election=self.shared.election
-            )
-            if not running:
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.01)
+    def _work_stopped(self, term: Any) -> bool:
+        return self.term_end.work_stopped(term)
 
-    def _process_gone(self, request: Any) -> bool:
-        """True when *request* ran in a pool child that has exited (killed by anyone).
-
-        Only a prefork child is a process of its own; elsewhere the run
-        lives in this process and ends with its request.
-        """
-        pid = request.worker_pid
-        if self.pool_kind not in KILLABLE_POOLS or not pid or pid == self.shared.owner_pid:
-            return False
-        return process_ended(pid)
-
-    def stop_runs(self, token: int, grace: float) -> bool:
-        """Give runs of *token* *grace* seconds to stop; where the pool can kill, kill the rest.
-
-        Returns True when none runs any more.
-        """
-        if self.runs_ended(token, grace):
-            return True
-        if self.pool_kind not in KILLABLE_POOLS:
-            return False
-        reason = f"still running {grace:g} s after the term ended"
-        try:
-            kill_runs(self.leader_runs(token), reason)
-        except SnapshotError:
-            logger.exception("celery-leader: cannot list runs to stop them")
-        kill_recorded_runs(self.shared, token, reason)
-        return self.runs_ended(token, KILL_SETTLE)
-
-    def work_stopped(self, term: Term) -> bool:
-        """The release guard: True once no work of *term* runs here (waits briefly for kills)."""
-        return self.runs_ended(term.token, KILL_SETTLE)
-
-    def hand_back_waiting(self, token: int) -> None:
-        """Stop consuming; hand back leader messages that never reached the pool. Loop thread."""
-        self.sync_consumption()
+    def _waiting_messages(self) -> list[Waiting]:
+        """Leader messages held here that never reached the pool: ETA ones first. Loop thread."""
         consumer = self.consumer
-        held = held_for_eta(consumer)
-        eta_entries = {id(item.request): item.entry for item in held}
-        waiting = [
-            *(item.request for item in held),
-            *_snapshot(worker_state.reserved_requests),
-        ]
-        for request in never_dispatched(waiting):
-            if not _of_term(request, self.settings.name, token):
-                continue  # another election's message: its own term decides
-            entry = eta_entries.get(id(request))
-            if entry is not None and consumer is not None and consumer.timer is not None:
-                consumer.timer.cancel(entry)
-                consumer.qos.decrement_eventually()
-            request.hand_back("the term ended before it ran")
-        logger.debug("celery-leader: term %d revoked on the loop", token)
+        waiting = []
+        for item in held_for_eta(consumer):
+
+            def cancel(entry: Any = item.entry) -> None:
+                if consumer is not None and consumer.timer is not None:
+                    consumer.timer.cancel(entry)
+                    consumer.qos.decrement_eventually()
+
+            waiting.append(Waiting(item.request, cancel))
+        waiting += [Waiting(r, None) for r in snapshot(worker_state.reserved_requests)]
+        return waiting
 
     # -- step-down (loop thread, from a control command) ---------------------
 
@@ -595,16 +447,12 @@ class Coordinator:
 
     def _await_stopped(self, token: int) -> None:
         """Stop the runs of *token*; where they cannot be killed, wait for them while leading."""
-        if self.stop_runs(token, self.settings.stop_grace):
-            return
-        logger.warning(
-            "celery-leader: leader tasks of term %d still run and this pool cannot stop "
-            "them; the lease is kept (no new leader work) until they end",
+        self.term_end.await_stopped(
             token,
+            self.settings.stop_grace,
+            holding=lambda: self.manager.state().role is not Role.FOLLOWER,
+            poll=self.settings.timing.renew_interval,
         )
-        while self.manager.state().role is not Role.FOLLOWER:
-            if self.runs_ended(token, self.settings.timing.renew_interval):
-                return
 
     # -- shutdown (main thread) ----------------------------------------------
 
@@ -662,7 +510,7 @@ class Coordinator:
         if leading and (self.stepping_down or self.shutting_down):
             view["stepping_down"] = True
             try:
-                view["draining"] = len(self.leader_runs(state.token or 0))
+                view["draining"] = len(self.term_end.leader_runs(state.token or 0))
             except SnapshotError:
                 view["draining"] = None
         return view

@@ -54,8 +54,8 @@ import redis
 from celery import Celery
 
 from celery_leader import install
+from celery_leader.elections.procinfo import has_ended
 from celery_leader.exceptions import StoreError
-from celery_leader.procinfo import has_ended
 from celery_leader.stores import open_store
 from tests.chaos.checker import Freeze, Summary, check
 from tests.chaos.proxy import FaultProxy

@@ -300,9 +300,9 @@ def tear_own_slot(self):
     import signal
     import struct
 
-    from celery_leader.run_table import RUN_SLOTS
+    from celery_leader.elections.run_table import RUN_SLOTS
     from celery_leader.runtime import shared_lease
-    from celery_leader.term_end import pool_child_index
+    from celery_leader.term_end.in_run import pool_child_index
 
     table = shared_lease().runs
     offset = pool_child_index() * (len(table._slots) // RUN_SLOTS)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from celery_leader.procinfo import has_ended
+from celery_leader.elections.procinfo import has_ended
 from tests.integration.test_workers import Stream
 
 TTL = 2.0

@@ -10,11 +10,11 @@ import pytest
 
 from celery_leader.exceptions import ConfigurationError, StoreAuthError
 from celery_leader.lease import EventKind, LeaseManager
+from celery_leader.lease.timing import LeaseTiming
 from celery_leader.settings import load_settings
 from celery_leader.stores import open_store
 from celery_leader.stores.azure_blob import lease_guid
 from celery_leader.stores.base import Holder
-from celery_leader.timing import LeaseTiming
 from tests.history import History
 from tests.servers import AZURITE_KEY, AzuriteServer
 

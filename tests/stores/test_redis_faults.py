@@ -9,10 +9,10 @@ import pytest
 
 from celery_leader.exceptions import StoreError
 from celery_leader.lease import EventKind, LeaseManager
+from celery_leader.lease.timing import LeaseTiming
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
 from celery_leader.stores.redis import lease_key, token_key
-from celery_leader.timing import LeaseTiming
 from tests.history import History
 from tests.servers import RedisServer, free_port
 from tests.test_election import Cluster, wait_for, warm_store

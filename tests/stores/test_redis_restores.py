@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import celery_leader.clock
+from celery_leader.lease.timing import LeaseTiming
 from celery_leader.stores.redis import lease_key, meta_key, token_key
-from celery_leader.timing import LeaseTiming
 from tests.history import History
 from tests.servers import RedisServer
 from tests.test_election import Cluster, wait_for

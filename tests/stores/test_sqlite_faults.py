@@ -16,9 +16,9 @@ import pytest
 import celery_leader.clock
 from celery_leader.exceptions import StoreError
 from celery_leader.lease import EventKind, LeaseManager, LossReason
+from celery_leader.lease.timing import LeaseTiming
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
-from celery_leader.timing import LeaseTiming
 from tests.history import History
 from tests.test_election import wait_for, warm_store
 

@@ -15,7 +15,7 @@ renew request was *sent*: ``valid_until = t_sent + ttl - margin``. Renewals
 start every ``renew_interval``; a renewal is started only when it can finish
 before ``valid_until``, and otherwise the lease is declared lost at once.
 Every store call is bounded in wall time by ``op_timeout``, whatever the
-store client does (:mod:`celery_leader.bounded`): a call that hangs cannot
+store client does (:mod:`celery_leader.lease.bounded`): a call that hangs cannot
 delay the loss past ``valid_until``. :meth:`LeaseManager.is_leader`
 compares the clock with ``valid_until`` on every call, so it turns false on
 time even when the manager thread is stuck or the process was paused.
@@ -57,10 +57,10 @@ from typing import Any
 
 from celery_leader import clock as lease_clock
 from celery_leader._masking import mask_text
-from celery_leader.bounded import BoundedCaller
 from celery_leader.exceptions import StoreAuthError, StoreError
+from celery_leader.lease.bounded import BoundedCaller
+from celery_leader.lease.timing import LeaseTiming
 from celery_leader.stores.base import Holder, LeaseStore, Watch
-from celery_leader.timing import LeaseTiming
 
 logger = logging.getLogger(__name__)
 

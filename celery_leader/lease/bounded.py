@@ -23,15 +23,9 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from celery_leader.exceptions import StoreError
+from celery_leader.exceptions import StoreCallTimeoutError
 
 T = TypeVar("T")
-
-
-class StoreCallTimeoutError(StoreError):
-    """A store call did not return within its bound."""
-
-    kind = "timeout"
 
 
 class _Job:

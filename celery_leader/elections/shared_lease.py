@@ -33,7 +33,7 @@ import threading
 from collections.abc import Iterator
 
 from celery_leader import clock
-from celery_leader.run_table import RunTable
+from celery_leader.elections.run_table import RunTable
 
 _LAYOUT = struct.Struct("=qqdq")  # sequence, token, valid_until, revoked_through
 _RETRIES = 1000

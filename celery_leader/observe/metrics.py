@@ -3,7 +3,7 @@
 Turn them on with ``leader_metrics = True`` (metrics join the default
 ``prometheus_client`` registry, for an exporter you already run) or
 ``leader_metrics_port = 9808`` (the worker also serves them, and its health
-probe, on that port: see :mod:`celery_leader.endpoint`; give each worker on a
+probe, on that port: see :mod:`celery_leader.observe.endpoint`; give each worker on a
 host its own port). Beat's election reports the same metrics under its own
 ``election`` label, served on ``leader_beat_metrics_port``.
 
@@ -199,7 +199,7 @@ def enable_metrics(settings: MetricsSettings, manager: Any) -> LeaderMetrics | N
     """Export *manager*'s election in the default registry when *settings* turn metrics on.
 
     Serving them (and the health probe) over HTTP is
-    :func:`celery_leader.endpoint.serve`'s job.
+    :func:`celery_leader.observe.endpoint.serve`'s job.
     """
     if not settings.enabled:
         return None

@@ -1,7 +1,7 @@
 """The HTTP endpoint of a worker or a beat: ``/metrics`` and ``/healthz`` on one port.
 
 ``GET /metrics`` answers Prometheus text from the default registry;
-``GET /healthz`` answers the :mod:`celery_leader.health` verdict as JSON,
+``GET /healthz`` answers the :mod:`celery_leader.observe.health` verdict as JSON,
 200 when healthy and 503 when not. Anything else is 404. Requests are not
 logged: a probe every few seconds would flood the worker's log.
 
@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-from celery_leader.health import Verdict
+from celery_leader.observe.health import Verdict
 from celery_leader.settings import MetricsSettings
 from celery_leader.startup_error import StartupConfigurationError
 

@@ -81,3 +81,14 @@ def is_running(pid: int, started: int) -> bool:
         return False
     assert fields is not None
     return fields[_START_TIME] == str(started).encode()
+
+
+def process_ended(pid: int) -> bool:
+    """True when our child *pid* has exited, reaped or not (its owner still reaps it)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True  # already reaped
+    except OSError:
+        return False
+    return info is not None

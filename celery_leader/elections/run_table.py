@@ -1,6 +1,6 @@
 """Which pool child runs leader work under which term: shared memory for the watchdog.
 
-Made before the pool forks, like :class:`~celery_leader.shared_lease.SharedLease`.
+Made before the pool forks, like :class:`~celery_leader.elections.shared_lease.SharedLease`.
 Every leader run in a prefork child is written here before its body starts,
 whatever its ``on_loss`` policy, so two readers see runs the parent may not
 know of yet (a child that started a job before the parent read its
@@ -17,7 +17,7 @@ child per index at a time), the kill ring only by the watchdog. Nobody
 clears another process's slot, so no write can race another. A slot left by
 a child that died stays until the next child of that index overwrites it;
 readers recognise it as stale because the process it names, identified by
-pid *and* start time (:mod:`celery_leader.procinfo`), no longer runs.
+pid *and* start time (:mod:`celery_leader.elections.procinfo`), no longer runs.
 
 A sequence number per slot (odd while a write is in progress) makes a torn
 read retry. A writer killed between its first and last write (the watchdog's
@@ -45,7 +45,7 @@ import struct
 import time
 from typing import NamedTuple
 
-from celery_leader import procinfo
+from celery_leader.elections import procinfo
 
 #: Run slots, one per pool child index (billiard numbers children 0..n-1).
 #: A prefork worker with more processes than this is refused at start.
@@ -74,7 +74,7 @@ class Run(NamedTuple):
     """One slot: a leader run of *election*'s term *token* in process *pid* (since *started*).
 
     *election* is the index of the election's slot in its
-    :class:`~celery_leader.shared_lease.SharedLeases` group; tokens compare
+    :class:`~celery_leader.elections.shared_lease.SharedLeases` group; tokens compare
     only within one election.
     """
 

@@ -1,0 +1,89 @@
+"""One election a process takes part in: a lease manager, its shared slot, its listener.
+
+:class:`Election` is the unit the worker, beat and the simulation share. It
+builds the election's :class:`~celery_leader.lease.LeaseManager` and
+publishes every change of term into the election's
+:class:`~celery_leader.elections.shared_lease.SharedLease` slot, so the
+places where work runs (pool children, the watchdog, the gate) see it:
+
+* **ELECTED**: ``before_elected`` runs first (the worker replaces a dead
+  watchdog there), then the term is published, then ``on_elected``;
+* **RENEWED**: the term's validity is extended (a revoked term stays revoked);
+* **LOST / RELEASED**: the term is revoked in the slot at once and for good,
+  then ``on_ended`` runs (the worker ends the term's work there).
+
+Guarantee: the slot never shows a term as valid longer than the lease
+manager published it, and never again once it was revoked (see
+:mod:`~celery_leader.elections.shared_lease`). Callbacks run on the lease
+manager's thread; an exception in one is logged and never reaches the
+manager.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from celery_leader.elections.shared_lease import SharedLease
+from celery_leader.lease import EventKind, LeaseEvent, LeaseManager, Term
+from celery_leader.lease.timing import LeaseTiming
+from celery_leader.stores.base import Holder, LeaseStore
+
+logger = logging.getLogger(__name__)
+
+EventCallback = Callable[[LeaseEvent], None]
+
+
+class Election:
+    """One election of this process; see the module docstring."""
+
+    def __init__(
+        self,
+        store: LeaseStore,
+        shared: SharedLease,
+        timing: LeaseTiming,
+        *,
+        holder: Holder,
+        liveness: Callable[[], bool] | None = None,
+        release_guard: Callable[[Term], bool] | None = None,
+        before_elected: Callable[[], None] | None = None,
+        on_elected: EventCallback | None = None,
+        on_ended: EventCallback | None = None,
+        **manager_options: Any,
+    ) -> None:
+        self.name = shared.name
+        self.shared = shared
+        self._before_elected = before_elected
+        self._on_elected = on_elected
+        self._on_ended = on_ended
+        self.manager = LeaseManager(
+            store,
+            shared.name,
+            timing,
+            holder=holder,
+            listeners=(self._on_event,),
+            liveness=liveness,
+            release_guard=release_guard,
+            **manager_options,
+        )
+
+    def _on_event(self, event: LeaseEvent) -> None:
+        token = event.term.token
+        if event.kind is EventKind.ELECTED:
+            self._call(self._before_elected)
+            self.shared.publish(token, event.term.valid_until)
+            self._call(self._on_elected, event)
+        elif event.kind is EventKind.RENEWED:
+            self.shared.publish(token, event.term.valid_until)  # refused once revoked
+        else:
+            self.shared.revoke(token)
+            self._call(self._on_ended, event)
+
+    def _call(self, callback: Callable[..., None] | None, *args: Any) -> None:
+        if callback is None:
+            return
+        try:
+            callback(*args)
+        except Exception:
+            logger.exception("celery-leader: error in a callback of election %r", self.name)

@@ -1,0 +1,6 @@
+"""Operations: what a process tells the outside about itself.
+
+* :mod:`~celery_leader.observe.metrics`: Prometheus metrics of an election;
+* :mod:`~celery_leader.observe.health`: the verdict behind ``GET /healthz``;
+* :mod:`~celery_leader.observe.endpoint`: the HTTP server of both.
+"""

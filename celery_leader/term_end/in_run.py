@@ -1,0 +1,75 @@
+"""The pool child's side of a term's end: check before the body, register the run, stop it.
+
+A leader run checks its term right before its body, records itself in the
+run table (every policy, so the release guard sees it; ``terminate`` runs
+are also ended by the watchdog) and checks again, since the term may end
+while it registers. A run stopped here is handed back per the hand-back
+rule (:func:`celery_leader.term_end.requeues_stopped_run`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery_leader.elections.run_table import RUN_SLOTS
+from celery_leader.elections.shared_lease import SharedLease
+from celery_leader.term_end import requeues_stopped_run
+
+logger = logging.getLogger(__name__)
+
+
+def stop_run_in_task(task: Any, why: str) -> None:
+    """Inside the run: end it now, per the hand-back rule (always raises)."""
+    from celery.exceptions import Ignore, Reject  # noqa: PLC0415 - keep this module light
+
+    request = task.request
+    logger.warning("celery-leader: %s[%s] handed back: %s", task.name, request.id, why)
+    if requeues_stopped_run(task.acks_late):
+        raise Reject(why, requeue=True)
+    task.backend.mark_as_revoked(request.id, why, request=request)
+    raise Ignore()
+
+
+class UnwatchableRunError(RuntimeError):
+    """A pool child has no slot in the run table: it must not run leader work."""
+
+
+def pool_child_index() -> int | None:
+    """The billiard pool index of the calling process, or None outside a prefork child."""
+    try:
+        from billiard.process import current_process  # noqa: PLC0415 - prefork only
+
+        index = getattr(current_process(), "index", None)
+    except Exception:  # noqa: BLE001 - no billiard, no index: the run is not watched
+        return None
+    return index if isinstance(index, int) and index >= 0 else None
+
+
+def watch_run(shared: SharedLease, token: int, *, terminate: bool) -> int | None:
+    """In a prefork child: record this leader run in the run table; its slot index, or None.
+
+    Every policy is recorded, so that the release guard sees the run even
+    before the parent does; only *terminate* runs are killed by the
+    watchdog. Returns None (nothing recorded) outside a prefork child.
+    Raises :class:`UnwatchableRunError` in a child whose pool index is past the
+    table (a pool grown at run time by ``pool_grow`` or autoscale): a run
+    neither kill layer could see must not start.
+    """
+    index = pool_child_index()
+    if index is None or os.getpid() == shared.owner_pid:
+        return None
+    if index >= RUN_SLOTS:
+        raise UnwatchableRunError(
+            f"pool process index {index} is past the run table's {RUN_SLOTS} slots "
+            "(the pool was grown at run time); this process runs no leader work"
+        )
+    shared.runs.enter(index, token, terminate=terminate, election=shared.election)
+    return index
+
+
+def unwatch_run(shared: SharedLease, index: int | None) -> None:
+    """The run recorded by :func:`watch_run` ended."""
+    if index is not None:
+        shared.runs.leave(index)

@@ -1,0 +1,361 @@
+"""The end of one election's term in the worker's main process, in one place.
+
+:class:`TermEnd` runs the sequence; the worker hands it what it needs of
+Celery as callables (post to the consumer's loop, wake it, stop consuming,
+list the messages waiting), so a change to what happens on lease loss is a
+change here:
+
+1. **revoke** the term in shared memory, for good (runs and buffered jobs
+   see it at once);
+2. **kill** the ``terminate`` runs of the term: every such request whose
+   pool child is alive, and every run the run table records (runs the
+   parent has not seen start; a slot it cannot read names its writer);
+3. **hand back** the leader messages of the election that never reached the
+   pool (on the loop thread);
+4. on a step-down or a warm shutdown, give the other runs
+   ``leader_stop_grace`` seconds, then kill what a prefork pool can kill;
+5. **guard the release**: the lease is released only once no run of the
+   term is left (:meth:`TermEnd.work_stopped`).
+
+Threads: :meth:`TermEnd.end` runs on the lease thread (or the loop thread
+with ``on_loop``); the hand-back runs on the consumer's loop thread, one
+callable per ordered sequence, since Celery does not order a batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable
+from contextlib import suppress
+from typing import Any, NamedTuple
+
+from celery.worker import state as worker_state
+
+from celery_leader.elections.procinfo import parent_of, process_ended
+from celery_leader.elections.shared_lease import SharedLease
+from celery_leader.lease import Term
+from celery_leader.term_end import KILLABLE_POOLS, OnLoss, requeues_stopped_run
+
+logger = logging.getLogger(__name__)
+
+#: How long the release waits for killed runs to be gone, in seconds.
+KILL_SETTLE = 1.0
+
+
+# -- the hand-back rule, for requests in the parent ---------------------------
+
+
+def settle_stopped_run(request: Any) -> None:
+    """In the parent: settle the message of a run that was stopped, per the hand-back rule."""
+    if requeues_stopped_run(request.task.acks_late):
+        logger.info(
+            "celery-leader: %s stopped at the end of its term; handed back", request.humaninfo()
+        )
+        request.reject(requeue=True)
+    else:
+        request.task.backend.mark_as_revoked(
+            request.id, "leader lease lost", request=request._context, store_result=True
+        )
+        request.acknowledge()
+    request.send_event("task-revoked", terminated=True, signum="SIGKILL", expired=False)
+
+
+def ended_by_term(request: Any, exc: BaseException, shared: SharedLease | None) -> bool:
+    """True when a failed run of *request* failed because its term ended.
+
+    That is the case when the parent killed it (``leader_killed``), and when
+    its process was lost after its term ended, whether the watchdog killed it
+    or the parent was stalled. Either way the run is handed back, not failed.
+    """
+    if getattr(request, "leader_killed", False):
+        return True
+    exc = getattr(exc, "exc", exc)  # billiard wraps it in ExceptionWithTraceback
+    if type(exc).__name__ != "WorkerLostError":
+        return False
+    token = getattr(request, "leader_token", None)
+    if shared is None or not shared.valid_for(token):
+        return True
+    # Killed at its deadline, then a renewal that was already on its way
+    # published the term again: the watchdog's record still says why it died.
+    pid = getattr(request, "worker_pid", None)
+    return (
+        isinstance(pid, int)
+        and isinstance(token, int)
+        and shared.runs.was_killed(pid, token, shared.election)
+    )
+
+
+def kill_runs(requests: Iterable[Any], reason: str) -> list[int]:
+    """SIGKILL the pool children running *requests*; returns the pids signalled.
+
+    Each request is marked first, so the thread that sees the child die
+    hands the message back instead of recording a failure.
+    """
+    killed = []
+    for request in requests:
+        request.leader_killed = True
+        pid = request.worker_pid
+        if pid and pid != os.getpid():
+            logger.warning(
+                "celery-leader: %s; killing %s (pid %s)", reason, request.humaninfo(), pid
+            )
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+    return killed
+
+
+def kill_recorded_runs(
+    shared: SharedLease, token: int, reason: str, *, terminate_only: bool = False
+) -> list[int]:
+    """SIGKILL the pool children the run table shows running term *token* (or older).
+
+    These include runs the parent has not seen start yet, and a slot that
+    cannot be read (its writer's process, fail closed). With
+    *terminate_only*, runs under another policy are spared. Only children
+    of the calling process (the worker's main process) are signalled.
+    """
+    killed = []
+    for run in shared.runs.running(token, exclude_pid=os.getpid(), election=shared.election):
+        if terminate_only and not run.terminate:
+            continue
+        if run.pid > 0 and parent_of(run.pid) == os.getpid():
+            logger.warning("celery-leader: %s; killing pool child pid %s", reason, run.pid)
+            with suppress(ProcessLookupError):
+                os.kill(run.pid, signal.SIGKILL)
+                killed.append(run.pid)
+    return killed
+
+
+# -- which requests belong to a term -----------------------------------------
+
+
+class SnapshotError(RuntimeError):
+    """Celery's request set could not be copied: callers must assume the worst."""
+
+
+def snapshot(requests: Any) -> list[Any]:
+    """A copy of one of Celery's request WeakSets, taken while the loop thread may change it.
+
+    The copy of the WeakSet's underlying set of references is one C-level
+    operation under the GIL, so it cannot see the set change midway. When
+    it still fails, this raises :class:`SnapshotError`. It never returns
+    "nothing runs" for a copy it could not take.
+    """
+    refs = getattr(requests, "data", requests)
+    for _ in range(100):
+        try:
+            copied = list(refs)
+        except RuntimeError:  # changed during the copy: only possible without a GIL
+            continue
+        items = (ref() if callable(ref) and refs is not requests else ref for ref in copied)
+        return [item for item in items if item is not None]
+    raise SnapshotError("could not copy the worker's request set")
+
+
+def is_leader_request(request: Any) -> bool:
+    """True for requests of leader-only tasks."""
+    return bool(getattr(request.task, "leader_only", False))
+
+
+def never_dispatched(requests: list[Any]) -> list[Any]:
+    """The leader requests among *requests* that the gate never sent to the pool, once each.
+
+    Only these may be handed back when a term ends. A request the gate sent
+    to the pool belongs to the pool: the child checks the term before it runs
+    and the watchdog ends the run, so handing it back too could let the next
+    leader run it while this child still does (a child may have started it
+    before the parent read its acknowledgement).
+    """
+    seen: set[int] = set()
+    chosen = []
+    for request in requests:
+        if id(request) in seen or not is_leader_request(request):
+            continue
+        seen.add(id(request))
+        # The gate marks a request as it hands it to the pool, on the loop
+        # thread; hand-backs run on the loop thread too, so they never race.
+        # (Celery's _apply_result is no sign: eventlet's pool returns None.)
+        in_pool = getattr(request, "leader_dispatched", False)
+        if not in_pool and not request.acknowledged:
+            chosen.append(request)
+    return chosen
+
+
+def election_of(request: Any) -> str | None:
+    """The election a leader request belongs to: the one it was admitted under, else its task's.
+
+    None for a task that names none: it belongs to the process's one election.
+    """
+    admitted = getattr(request, "leader_election", None)
+    return admitted if admitted is not None else getattr(request.task, "leader_election", None)
+
+
+def of_term(request: Any, election: str, token: int) -> bool:
+    """True for a request of *election*'s term *token* or older (or not admitted yet)."""
+    if election_of(request) not in (None, election):
+        return False  # another election's tokens mean nothing to this one
+    run_token = getattr(request, "leader_token", None)
+    return run_token is None or run_token <= token
+
+
+class Waiting(NamedTuple):
+    """A leader message the worker holds that never reached the pool.
+
+    *cancel* takes it out of the worker first (an ETA message's timer
+    entry), or is None.
+    """
+
+    request: Any
+    cancel: Callable[[], None] | None
+
+
+class TermEnd:
+    """Ends one election's terms in a worker's main process; see the module docstring."""
+
+    def __init__(
+        self,
+        shared: SharedLease,
+        pool_kind: str,
+        *,
+        policy_for: Callable[[Any], OnLoss],
+        post: Callable[[Callable[[], None]], None],
+        wake_loop: Callable[[], None],
+        stop_consuming: Callable[[], None],
+        waiting: Callable[[], list[Waiting]],
+    ) -> None:
+        self.shared = shared
+        self.election = shared.name
+        self.pool_kind = pool_kind
+        self._policy_for = policy_for
+        self._post = post
+        self._wake_loop = wake_loop
+        self._stop_consuming = stop_consuming
+        self._waiting = waiting
+
+    def end(self, token: int, *, on_loop: bool = False) -> None:
+        """End term *token* here for good: revoke, kill ``terminate`` runs, hand back the rest.
+
+        Pass *on_loop* when already on the consumer's loop thread (the waiting
+        messages are then handed back at once instead of being posted).
+        """
+        self.shared.revoke(token)
+        try:
+            runs = self.leader_runs(token)
+        except SnapshotError:
+            logger.exception("celery-leader: cannot list runs; the watchdog stops them")
+        else:
+            # Every terminate run of the term whose child is alive, whatever the
+            # run table says: the table is the watchdog's view, and a slot it
+            # cannot read must not spare a run here too. A child that already
+            # finished (its result on its way) loses nothing: its result was sent.
+            doomed = [
+                r
+                for r in runs
+                if self._policy_for(r.task) is OnLoss.TERMINATE and not self.process_gone(r)
+            ]
+            kill_runs(doomed, "lease lost")
+            # And runs the parent has not seen start, from the run table.
+            kill_recorded_runs(self.shared, token, "lease lost", terminate_only=True)
+        if on_loop:
+            self.hand_back_waiting(token)
+        else:
+            self._post(lambda: self.hand_back_waiting(token))
+            self._wake_loop()
+
+    def leader_runs(self, token: int) -> list[Any]:
+        """Leader runs of term *token* (or older) that the parent saw start and not yet end."""
+        return [
+            request
+            for request in snapshot(worker_state.active_requests)
+            if is_leader_request(request) and of_term(request, self.election, token)
+        ]
+
+    def runs_ended(self, token: int, timeout: float) -> bool:
+        """Block until no run of term *token* runs here (at most *timeout* s); True when none does.
+
+        A run the parent killed counts as ended as soon as its process
+        exited, before the loop thread has processed its death.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                running = [r for r in self.leader_runs(token) if not self.process_gone(r)]
+            except SnapshotError:
+                running = [None]  # unknown: assume work still runs
+            # Runs the pool's children recorded, the parent may not know of yet.
+            running += self.shared.runs.running(
+                token, exclude_pid=self.shared.owner_pid, election=self.shared.election
+            )
+            if not running:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+    def process_gone(self, request: Any) -> bool:
+        """True when *request* ran in a pool child that has exited (killed by anyone).
+
+        Only a prefork child is a process of its own; elsewhere the run
+        lives in this process and ends with its request.
+        """
+        pid = request.worker_pid
+        if self.pool_kind not in KILLABLE_POOLS or not pid or pid == self.shared.owner_pid:
+            return False
+        return process_ended(pid)
+
+    def stop_runs(self, token: int, grace: float) -> bool:
+        """Give runs of *token* *grace* seconds to stop; where the pool can kill, kill the rest.
+
+        Returns True when none runs any more.
+        """
+        if self.runs_ended(token, grace):
+            return True
+        if self.pool_kind not in KILLABLE_POOLS:
+            return False
+        reason = f"still running {grace:g} s after the term ended"
+        try:
+            kill_runs(self.leader_runs(token), reason)
+        except SnapshotError:
+            logger.exception("celery-leader: cannot list runs to stop them")
+        kill_recorded_runs(self.shared, token, reason)
+        return self.runs_ended(token, KILL_SETTLE)
+
+    def await_stopped(
+        self, token: int, grace: float, *, holding: Callable[[], bool], poll: float
+    ) -> None:
+        """Stop the runs of *token*; where they cannot be killed, wait for them while *holding*."""
+        if self.stop_runs(token, grace):
+            return
+        logger.warning(
+            "celery-leader: leader tasks of term %d still run and this pool cannot stop "
+            "them; the lease is kept (no new leader work) until they end",
+            token,
+        )
+        while holding():
+            if self.runs_ended(token, poll):
+                return
+
+    def work_stopped(self, term: Term) -> bool:
+        """The release guard: True once no work of *term* runs here (waits briefly for kills)."""
+        return self.runs_ended(term.token, KILL_SETTLE)
+
+    def hand_back_waiting(self, token: int) -> None:
+        """Stop consuming; hand back the election's messages that never reached the pool.
+
+        Loop thread only.
+        """
+        self._stop_consuming()
+        waiting = self._waiting()
+        cancels = {id(item.request): item.cancel for item in waiting}
+        for request in never_dispatched([item.request for item in waiting]):
+            if not of_term(request, self.election, token):
+                continue  # another election's message: its own term decides
+            cancel = cancels.get(id(request))
+            if cancel is not None:
+                cancel()
+            request.hand_back("the term ended before it ran")
+        logger.debug("celery-leader: term %d of %r revoked on the loop", token, self.election)
