@@ -20,7 +20,7 @@ The package, floor by floor; each imports only from the floors above it
   ``runtime.py`` (``lease_lost()``, ``check_leadership()``). *Checked*: never
   ``worker/`` or beat.
 * ``worker/`` (bootsteps, the coordinator's wiring, the gate, remote
-  control) and beat (``beat.py``, ``beat_state.py``, ``beat_unled.py``).
+  control) and ``beat/`` (the scheduler, its state, the unled warning).
   *Checked*: beat never imports ``worker/`` or the task side.
 * ``observe/``: metrics, health and their HTTP endpoint. *Checked*: never
   the worker, beat or the task side.
@@ -32,8 +32,8 @@ The package, floor by floor; each imports only from the floors above it
 
 from __future__ import annotations
 
-from celery_leader import beat_unled as _beat_unled  # noqa: F401 - connects a beat_init warning
 from celery_leader import signals
+from celery_leader.beat import unled as _beat_unled  # noqa: F401 - connects a beat_init warning
 from celery_leader.exceptions import (
     ConfigurationError,
     LeaseError,

@@ -29,7 +29,6 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "tasks": ("worker", "beat", "cli", "demo", "simulation"),
     "runtime": ("worker", "beat", "cli", "demo", "simulation"),
     "beat": ("worker", "tasks", "cli", "demo", "simulation"),
-    "beat_state": ("worker", "tasks", "cli", "demo", "simulation"),
     "observe": ("worker", "beat", "tasks", "cli", "demo", "simulation"),
     "settings": ("worker", "beat", "tasks", "cli", "demo", "simulation", "term_end"),
 }

@@ -29,7 +29,7 @@ lease store. The lease holder writes it with its token *after* the publish
 succeeded, and only while it still holds the lease. On taking over, a new
 leader counts each entry from the previous leaders' last send (the later of
 that mark and the scheduler's own shared record, see
-:mod:`celery_leader.beat_state`), so it neither sends early nor skips; a slot
+:mod:`celery_leader.beat.state`), so it neither sends early nor skips; a slot
 that passed while nobody led is sent once or skipped by the missed policy:
 ``leader_beat_missed`` (a dict of entry name to ``"once"`` or ``"skip"``) with
 ``leader_beat_missed_default`` (``"once"``). It never sends an entry whose
@@ -73,7 +73,7 @@ from typing import Any, TypeVar
 from celery.utils.imports import load_extension_class_names, symbol_by_name
 
 from celery_leader._masking import mask_text
-from celery_leader.beat_state import ScheduleState, schedule_time, state_of
+from celery_leader.beat.state import ScheduleState, schedule_time, state_of
 from celery_leader.elections.election import Election
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.exceptions import ConfigurationError, StoreCallTimeoutError, StoreError

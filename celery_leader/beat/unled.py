@@ -30,7 +30,7 @@ def _has_leader_settings(conf: Any) -> bool:
 
 def warn_if_beat_is_not_led(sender: Any = None, **_: Any) -> None:
     """``beat_init`` handler: one warning when leader settings are set but beat is not led."""
-    from celery_leader.beat import LeaderSchedulerMixin  # noqa: PLC0415 - beat is optional
+    from celery_leader.beat.scheduler import LeaderSchedulerMixin  # noqa: PLC0415 - beat is optional
 
     scheduler = getattr(sender, "scheduler", None)
     app = getattr(sender, "app", None)

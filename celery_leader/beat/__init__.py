@@ -1,0 +1,34 @@
+"""Beat, led by an election of its own: ``celery_leader.beat:LeaderScheduler``.
+
+* :mod:`~celery_leader.beat.scheduler`: ``LeaderScheduler`` (any scheduler,
+  led), beat's election and the guarded send;
+* :mod:`~celery_leader.beat.state`: where each scheduler family keeps its
+  entries' last runs, read and re-anchored at a takeover;
+* :mod:`~celery_leader.beat.unled`: the start-up warning for a beat with
+  leader settings under another scheduler.
+
+The scheduler's names are loaded on first use, so ``import celery_leader``
+does not load Celery's beat.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from celery_leader.beat.scheduler import (
+        TOKEN_HEADER,
+        BeatElection,
+        LeaderScheduler,
+        LeaderSchedulerMixin,
+    )
+
+__all__ = ["TOKEN_HEADER", "BeatElection", "LeaderScheduler", "LeaderSchedulerMixin"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from celery_leader.beat import scheduler  # noqa: PLC0415 - loaded on first use
+
+        return getattr(scheduler, name)
+    raise AttributeError(f"module 'celery_leader.beat' has no attribute {name!r}")
