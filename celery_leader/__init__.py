@@ -16,8 +16,9 @@ The package, floor by floor; each imports only from the floors above it
   the sequence in the worker (``in_worker``), the run's side (``in_run``)
   and the watchdog. *Checked*: above elections only; never the task side,
   the worker or beat.
-* the task side: ``tasks.py`` (``@leader_only``, ``LeaderTask``, routing) and
-  ``runtime.py`` (``lease_lost()``, ``check_leadership()``). *Checked*: never
+* ``tasks/``: the task side: ``@leader_only``, ``LeaderTask`` (a run under
+  its election's term), which tasks are leader-only, routing, and
+  ``lease_lost()``/``check_leadership()`` inside a run. *Checked*: never
   ``worker/`` or beat.
 * ``worker/`` (bootsteps, the coordinator's wiring, the gate, remote
   control) and ``beat/`` (the scheduler, its state, the unled warning).
@@ -52,10 +53,10 @@ from celery_leader.lease import (
     Term,
 )
 from celery_leader.lease.timing import LeaseTiming
-from celery_leader.runtime import check_leadership, current_token, lease_lost
 from celery_leader.settings import LeaderSettings, load_settings
 from celery_leader.stores import open_store
 from celery_leader.tasks import LeaderTask, leader_only
+from celery_leader.tasks.runtime import check_leadership, current_token, lease_lost
 from celery_leader.term_end import OnLoss
 from celery_leader.worker.bootsteps import LeaderElection
 

@@ -34,9 +34,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from celery_leader import clock, runtime
+from celery_leader import clock
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.stores.memory import reset_memory_stores
+from celery_leader.tasks import runtime
 
 __all__ = ["Leadership", "leadership", "reset_memory_stores"]
 

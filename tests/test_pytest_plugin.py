@@ -51,7 +51,7 @@ import pytest
 from celery import Celery
 
 from celery_leader import LeaderElection, leader_only
-from celery_leader.runtime import shared_lease
+from celery_leader.tasks.runtime import shared_lease
 from celery_leader.worker.coordinator import current_coordinator
 
 pytest_plugins = ("celery.contrib.pytest",)

@@ -41,10 +41,10 @@ from celery_leader import signals
 from celery_leader.elections.election import Election
 from celery_leader.elections.group import ElectionGroup
 from celery_leader.lease import EventKind, LeaseEvent, Role
-from celery_leader.runtime import install_shared_lease
-from celery_leader.runtime import shared_lease as installed_shared_lease
 from celery_leader.settings import LeaderSettings
 from celery_leader.stores.base import Holder, LeaseStore
+from celery_leader.tasks.runtime import install_shared_lease
+from celery_leader.tasks.runtime import shared_lease as installed_shared_lease
 from celery_leader.term_end import KILLABLE_POOLS, OnLoss, effective_policy
 from celery_leader.term_end.in_worker import SnapshotError, TermEnd, Waiting, snapshot
 from celery_leader.term_end.watchdog import Watchdog

@@ -24,8 +24,8 @@ from typing import Any
 from celery.worker.request import Request
 from celery.worker.state import task_ready
 
-from celery_leader.runtime import shared_lease
 from celery_leader.tasks import leader_queue_for
+from celery_leader.tasks.runtime import shared_lease
 from celery_leader.term_end.in_worker import ended_by_term, settle_stopped_run
 from celery_leader.worker.coordinator import current_coordinator
 

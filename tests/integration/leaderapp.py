@@ -301,7 +301,7 @@ def tear_own_slot(self):
     import struct
 
     from celery_leader.elections.run_table import RUN_SLOTS
-    from celery_leader.runtime import shared_lease
+    from celery_leader.tasks.runtime import shared_lease
     from celery_leader.term_end.in_run import pool_child_index
 
     table = shared_lease().runs

@@ -27,7 +27,6 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 #: Folder (or module) -> celery_leader modules it must never import.
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "tasks": ("worker", "beat", "cli", "demo", "simulation"),
-    "runtime": ("worker", "beat", "cli", "demo", "simulation"),
     "beat": ("worker", "tasks", "cli", "demo", "simulation"),
     "observe": ("worker", "beat", "tasks", "cli", "demo", "simulation"),
     "settings": ("worker", "beat", "tasks", "cli", "demo", "simulation", "term_end"),

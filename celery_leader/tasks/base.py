@@ -1,0 +1,101 @@
+"""``LeaderTask``: a run under its election's term, in every pool."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Task
+
+from celery_leader.exceptions import LeaseLost
+from celery_leader.settings import default_name
+from celery_leader.tasks.routing import leader_queue_for, route_leader_task
+from celery_leader.tasks.runtime import eager_token, leader_run, shared_lease
+from celery_leader.term_end import OnLoss
+from celery_leader.term_end.in_run import (
+    UnwatchableRunError,
+    stop_run_in_task,
+    unwatch_run,
+    watch_run,
+)
+
+logger = logging.getLogger(__name__)
+
+#: The request class of every leader-only task: the worker's gate.
+REQUEST_CLASS = "celery_leader.worker.request:LeaderRequest"
+
+
+class LeaderTaskMixin:
+    """What makes a task leader-only; mixed in front of the task's own class."""
+
+    #: Set to True on every leader-only task class.
+    leader_only = True
+    #: ``"terminate"``, ``"cancel"``, ``"finish"``, or None for the pool's default.
+    leader_on_loss: str | None = None
+    Request = REQUEST_CLASS
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        """Send to the leader queue unless a queue or routing was given explicitly."""
+        if not any(options.get(key) for key in ("queue", "exchange", "routing_key")):
+            options["queue"] = leader_queue_for(self.app)  # type: ignore[attr-defined]
+        return super().apply_async(args, kwargs, **options)  # type: ignore[misc]
+
+    def push_request(self, *args: Any, **kwargs: Any) -> None:
+        """Push a request that keeps the current one's fields (id, leader_token, ...).
+
+        ``Task.__call__`` pushes a request for the body. Celery 5.5 and later
+        merge the current request into it; earlier releases push a fresh one,
+        and the body would see ``self.request.id`` None and no leader token.
+        Merging here gives every supported release 5.5's behaviour.
+        """
+        current = self.request  # type: ignore[attr-defined]
+        merged = {**vars(current), **kwargs} if current is not None else kwargs
+        super().push_request(*args, **merged)  # type: ignore[misc]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run under the lease: a last check in the pool child, then the task body."""
+        request = self.request  # type: ignore[attr-defined]
+        name = default_name(self.app.conf, self.app.main)  # type: ignore[attr-defined]
+        if request.is_eager or request.called_directly:
+            # Eager runs hold no lease, unless a test forced one (celery_leader.testing):
+            # then they see its token, and LeaseLost reaches the caller as it is.
+            forced = eager_token()
+            if not request.called_directly:
+                request.leader_token = forced
+            with leader_run(name, forced):
+                return super().__call__(*args, **kwargs)  # type: ignore[misc]
+        token = getattr(request, "leader_token", None)
+        shared = shared_lease(name)
+        if token is None or shared is None or not shared.valid_for(token):
+            stop_run_in_task(self, "the lease ended before the run started")
+        assert shared is not None
+        assert token is not None
+        # Recorded for the release guard; under terminate the watchdog also
+        # ends the run at its term's deadline.
+        terminate = getattr(request, "leader_on_loss", None) == OnLoss.TERMINATE.value
+        try:
+            watched = watch_run(shared, token, terminate=terminate)
+        except UnwatchableRunError as refused:
+            logger.error("celery-leader: %s", refused)  # noqa: TRY400 - no traceback: one line says it
+            stop_run_in_task(self, str(refused))
+        if not shared.valid_for(token):  # revoked while we registered
+            unwatch_run(shared, watched)
+            stop_run_in_task(self, "the lease ended before the run started")
+        try:
+            with leader_run(name, token):
+                return super().__call__(*args, **kwargs)  # type: ignore[misc]
+        except LeaseLost:
+            stop_run_in_task(self, "check_leadership() saw the lease lost")
+        finally:
+            unwatch_run(shared, watched)
+
+
+class LeaderTask(LeaderTaskMixin, Task):  # type: ignore[misc]
+    """Base class for leader-only tasks: ``@app.task(base=LeaderTask)``."""
+
+    acks_late = True
+
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        """Register the task's name for routing when Celery binds it to *app*."""
+        route_leader_task(app, cls.name)

@@ -1,0 +1,81 @@
+"""Routing: leader-only tasks go to their election's leader queue."""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+from celery_leader.settings import default_queue, leader_task_patterns
+from celery_leader.tasks.registry import _lock, leader_task_names, note_leader_task
+
+
+def leader_queue_for(app: Any) -> str:
+    """The leader queue of *app* (``leader_queue``, else ``"<leader_name>.leader"``)."""
+    return default_queue(app.conf, app.main)
+
+
+def route_leader_task(app: Any, name: str | None) -> None:
+    """Record *name* as leader-only in *app* and make sure *app* routes it."""
+    note_leader_task(app, name)
+    if name:
+        ensure_router(app)
+
+
+class LeaderRouter:
+    """A task router that sends leader-only tasks to the leader queue.
+
+    Knows a name when its task was created in this process, when a
+    ``@leader_only`` proxy can be created for it, or when it matches a
+    pattern in ``app.conf.leader_tasks`` (for processes that send by name
+    without importing the task modules).
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def __call__(
+        self, name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any
+    ) -> dict[str, str] | None:
+        """Route *name* to the leader queue when it is a leader-only task."""
+        if self._is_leader_task(name):
+            return {"queue": leader_queue_for(self.app)}
+        return None
+
+    def _is_leader_task(self, name: str) -> bool:
+        if name in leader_task_names(self.app):
+            return True
+        patterns = leader_task_patterns(self.app.conf)
+        return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def ensure_router(app: Any) -> None:
+    """Put a :class:`LeaderRouter` first in *app*'s routes (once)."""
+    with _lock:
+        if getattr(app, "_celery_leader_router", None) is not None:
+            return
+        router = LeaderRouter(app)
+        app._celery_leader_router = router
+    if app.configured:
+        _add_router(app, router)
+    else:
+        app.on_after_configure.connect(lambda sender, **_: _add_router(sender, router), weak=False)
+
+
+def _add_router(app: Any, router: LeaderRouter) -> None:
+    routes = app.conf.task_routes
+    if routes is None:
+        existing: list[Any] = []
+    elif isinstance(routes, (list, tuple)):
+        existing = list(routes)
+    else:
+        existing = [routes]
+    if router not in existing:
+        app.conf.task_routes = [router, *existing]
+    amqp = app.amqp
+    table = amqp._rtable  # Celery's prepared routes, if already built (a list or a tuple)
+    if table is not None and router not in table:
+        routes = [router, *table]
+        amqp._rtable = routes
+        built = amqp.__dict__.get("router")  # Celery's Router keeps its own reference
+        if built is not None:
+            built.routes = routes
