@@ -225,7 +225,9 @@ class RedisLeaseStore:
     local recorded_end = tonumber(redis.call('HGET', KEYS[3], 'lease_end_us')) or 0
     if not seen or redis.call('HGET', KEYS[3], 'incarnation') ~= seen
        or (not current and recorded_end > now_us) then
-      hold_until = now_us + ttl_us  -- the store forgot: the old holder may still act
+      -- The store forgot: the old holder may still act. Never shorter than a
+      -- hold-off this holder's own live lease recorded already.
+      hold_until = math.max(hold_until, now_us + ttl_us)
     end
     local raw_last = redis.call('GET', KEYS[2])
     local last = 0

@@ -47,9 +47,28 @@ def available_schemes() -> list[str]:
     return sorted(_store_paths())
 
 
+#: What a store class declares (celery_leader.stores.base.LeaseStoreClass).
+_DECLARED = (
+    "schemes",
+    "extra",
+    "ttl_range",
+    "default_renew_fraction",
+    "option_keys",
+    "capabilities",
+    "validate_options",
+    "from_url",
+)
+
+
 def _load(path: str) -> LeaseStoreClass:
     module_name, _, attr = path.partition(":")
     cls: LeaseStoreClass = getattr(import_module(module_name), attr)
+    missing = [name for name in _DECLARED if not hasattr(cls, name)]
+    if missing:
+        raise ImportError(
+            f"{path} does not declare {', '.join(missing)} "
+            "(see celery_leader.stores.base.LeaseStoreClass)"
+        )
     return cls
 
 

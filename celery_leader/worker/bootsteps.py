@@ -33,7 +33,7 @@ from celery_leader.exceptions import ConfigurationError
 from celery_leader.settings import LeaderSettings, settings_for_app
 from celery_leader.startup_error import StartupConfigurationError
 from celery_leader.stores import open_store
-from celery_leader.stores.registry import TEST_ONLY_SCHEMES
+from celery_leader.stores.registry import TEST_ONLY_SCHEMES, shared_store_urls
 from celery_leader.tasks import ensure_router, resolve_leader_tasks
 from celery_leader.term_end import KILLABLE_POOLS
 from celery_leader.worker import control as _control  # noqa: F401 - registers the commands
@@ -50,7 +50,7 @@ WorkerConfigurationError = StartupConfigurationError
 ERR_MEMORY_STORE = (
     "celery-leader: leader_backend_url='memory://' is not allowed in a celery worker process: "
     "it is a store for tests in one process (celery.contrib.testing.worker.start_worker); "
-    "workers need a shared store: redis://, rediss://, unix://, sqlite:/// or azureblob://"
+    "workers need a shared store: {urls}"
 )
 
 
@@ -150,7 +150,8 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
         except ConfigurationError as exc:
             raise WorkerConfigurationError(f"celery-leader: {exc}") from None
         if _is_test_only(self.settings.backend_url) and not _in_process(worker):
-            raise WorkerConfigurationError(ERR_MEMORY_STORE)
+            # The list is read from every store class: only on this error path.
+            raise WorkerConfigurationError(ERR_MEMORY_STORE.format(urls=shared_store_urls()))
         app.steps["consumer"].add(LeaderConsumer)
         ensure_router(app)
         # Workers consume every queue in task_queues by default: followers

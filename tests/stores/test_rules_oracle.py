@@ -459,11 +459,6 @@ def test_azure_follows_the_oracle(scenario, tmp_path, monkeypatch):
 # -- where a store and the oracle disagree -------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the Lua sets the hold-off end to now + ttl when the store forgot, even below "
-    "the end its caller's own live lease recorded; the oracle never shortens it",
-)
 def test_redis_keeps_an_own_hold_off_when_the_store_forgets_again(redis_server):
     """An own lease re-acquired with a shorter ttl after the data's incarnation changed.
 

@@ -47,10 +47,11 @@ def test_shared_store_urls_are_read_from_the_classes():
 
 
 def test_the_workers_memory_store_message_names_the_same_stores():
-    """ERR_MEMORY_STORE is written out in worker/bootsteps.py: it must not drift."""
+    """The worker's memory:// refusal lists the stores from their metadata."""
     from celery_leader.worker.bootsteps import ERR_MEMORY_STORE
 
-    assert ERR_MEMORY_STORE.endswith(f"workers need a shared store: {shared_store_urls()}")
+    text = ERR_MEMORY_STORE.format(urls=shared_store_urls())
+    assert text.endswith("workers need a shared store: " + shared_store_urls())
 
 
 def test_unknown_scheme_names_every_store_as_declared():
@@ -75,3 +76,14 @@ def test_secrets_never_appear_in_option_errors():
     with pytest.raises(ConfigurationError) as caught:
         validate_store_options("redis://h", {"leader_azure_account_url": "ftp://user:topsecret@h"})
     assert "topsecret" not in str(caught.value)
+
+
+class UndeclaredStore:
+    """A store class from an entry point that declares none of the metadata."""
+
+
+def test_a_store_class_without_its_metadata_is_named_with_what_it_lacks():
+    from celery_leader.stores.registry import _load
+
+    with pytest.raises(ImportError, match="does not declare schemes, extra"):
+        _load(f"{__name__}:UndeclaredStore")
