@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
+from celery_leader.elections.run_table import EVERY_ELECTION, EVERY_TERM, Run
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.simulation import Broken, run_seeds, simulate
 from celery_leader.simulation.cli import main
 from celery_leader.simulation.faults import Kind
 from celery_leader.simulation.model_store import ModelStore
+from celery_leader.simulation.pool import RunTableModel
 from celery_leader.simulation.scheduler import Scheduler
 from celery_leader.simulation.world import World, quiet_loggers
 from celery_leader.stores.base import Holder
@@ -135,6 +138,7 @@ def test_model_store_without_its_epoch_always_holds_off():
         (Broken.SNAPSHOT_KEEPS_EPOCH, 0.0, 3_500_000),
         (Broken.NO_HOLD_OFF, 0.0, 3_500_000),
         (Broken.COUNTER_ONLY_TOKENS, 3.0, 2),
+        (Broken.CLOCK_ONLY_TOKENS, 3.0, 3_500_000),
     ],
 )
 def test_broken_model_stores_break_what_they_say(broken, hold_off, token):
@@ -149,6 +153,53 @@ def test_broken_model_stores_break_what_they_say(broken, hold_off, token):
     clock.now = 3.5
     result = store.acquire("sim", _holder("c"), 3.0)
     assert result.hold_off == hold_off and result.token == token
+
+
+def test_model_store_clock_steps_back_tokens_keep_rising_and_leases_last_longer():
+    clock = _Clock()
+    store = ModelStore(clock)
+    clock.now = 5.0
+    assert store.acquire("sim", _holder("a"), 3.0).token == 5_000_000  # expires at 8 (store)
+    store.step_clock_back(5.0)
+    clock.now = 9.0  # the store's clock reads 4: a's lease still lives
+    assert store.read("sim") is not None
+    assert store.release("sim", "a-id")
+    assert store.acquire("sim", _holder("b"), 3.0).token == 5_000_001  # the counter, not 4 s
+
+
+def test_tokens_from_the_clock_alone_go_back_with_the_clock():
+    clock = _Clock()
+    store = ModelStore(clock, broken=Broken.CLOCK_ONLY_TOKENS)
+    clock.now = 5.0
+    store.acquire("sim", _holder("a"), 3.0)
+    store.step_clock_back(2.0)
+    assert store.release("sim", "a-id")
+    assert store.acquire("sim", _holder("b"), 3.0).token == 3_000_000  # below a's
+
+
+def test_run_table_model_reads_as_the_run_table_does():
+    """Whole, empty, torn by a live writer (every term, fail closed), torn by a dead one."""
+    alive = {11: 1011, 12: 1012}
+
+    def running(pid: int, started: int) -> bool:
+        return pid in alive and (not started or alive[pid] == started)
+
+    table = RunTableModel(3)
+    table.begin_write(0, 11)
+    table.end_write(0, Run(0, 11, 7, True, 1011))
+    table.begin_write(1, 12)  # stopped mid-write
+    table.begin_write(2, 13)  # killed mid-write: 13 is gone
+    assert table.slot(0, running) == Run(0, 11, 7, True, 1011)
+    assert table.slot(1, running) == Run(1, 12, EVERY_TERM, True, 0, EVERY_ELECTION)
+    assert table.slot(2, running) is None
+    assert [run.slot_index for run in table.running(6, running, exclude_pid=1, election=0)] == [1]
+    assert len(table.running(7, running, exclude_pid=1, election=0)) == 2
+    table.begin_write(2, 14)  # the next child of that index heals the slot
+    table.end_write(2, None)
+    assert table.slot(2, running) is None
+    del alive[11]  # a stale slot stays, but runs no more
+    assert table.busy(running)[0].pid == 11
+    assert [run.pid for run in table.running(7, running, exclude_pid=1, election=0)] == [12]
 
 
 def test_valid_for_judges_at_the_given_time():
@@ -186,6 +237,23 @@ def test_plans_cover_every_fault_and_runs_elect_leaders():
     assert kinds == set(Kind)
     assert all(result.terms >= 1 for result in results)
     assert sum(result.terms for result in results) > 2 * len(results)
+    assert any(world.plan.work.stall for world in worlds)
+    assert not any(
+        {Kind.STORE_CLOCK_BACK, Kind.STORE_RESTART} <= {f.kind for f in world.plan.faults}
+        or {Kind.STORE_CLOCK_BACK, Kind.STORE_RESTORE} <= {f.kind for f in world.plan.faults}
+        for world in worlds
+    ), "the clock steps back only in runs that lose no data (the token rule's assumption)"
+
+
+def test_every_kill_layer_ends_runs():
+    """Runs are ended by the watchdog, by the parent on LOST and RELEASED, and with a crash."""
+    seen: set[str] = set()
+    layers = ("watchdog kills", "parent (LOST) kills", "parent (RELEASED) kills", "crash of")
+    with quiet_loggers():
+        for seed in range(40):
+            for line in simulate(seed, full_trace=True).trace:
+                seen.update(layer for layer in layers if layer in line)
+    assert seen == set(layers)
 
 
 # Seeds that found real bugs: 112, a term released in its hold-off let the
@@ -231,6 +299,43 @@ def test_a_broken_store_is_caught(broken, found):
     assert summary.violations >= 10
     assert any(found in (result.violation or "") for result in summary.failures)
     assert all(0 < len(result.trace) <= 30 for result in summary.failures)
+
+
+# The checks the work model added, each shown to catch what it is for.
+NEW_CHECK_SEEDS = range(400)
+
+
+def test_the_seeds_that_catch_broken_kill_layers_and_tokens_pass_with_the_real_code():
+    summary = run_seeds(NEW_CHECK_SEEDS, jobs=1)
+    assert summary.violations == 0, [(r.seed, r.violation) for r in summary.failures]
+
+
+def test_a_kill_layer_that_skips_torn_slots_is_caught():
+    """A child stopped mid-write outlives its term: the run check sees it still executing."""
+    summary = run_seeds(NEW_CHECK_SEEDS, broken=Broken.KILL_SKIPS_TORN_SLOTS, jobs=1)
+    assert summary.violations > 0
+    for result in summary.failures:
+        assert "still executing when term" in (result.violation or ""), result.violation
+
+
+def _seeds_with(kind: Kind, among: range) -> list[int]:
+    return [seed for seed in among if any(f.kind is kind for f in World(seed).plan.faults)]
+
+
+def test_tokens_from_the_clock_alone_are_caught_when_the_store_clock_steps_back():
+    """Only a clock that goes back makes a clock-only token fall below an earlier one."""
+    seeds = _seeds_with(Kind.STORE_CLOCK_BACK, range(2000))
+    real = run_seeds(seeds, jobs=1)
+    assert real.violations == 0, [(r.seed, r.violation) for r in real.failures]
+    summary = run_seeds(seeds, broken=Broken.CLOCK_ONLY_TOKENS, jobs=1)
+    below = []
+    for result in summary.failures:
+        found = re.search(
+            r"token (\d+) granted .* after token (\d+) was granted", result.violation or ""
+        )
+        if found and int(found[1]) < int(found[2]):
+            below.append(result)
+    assert len(below) >= 5, [(r.seed, r.violation) for r in summary.failures]
 
 
 def test_judging_after_node_events_finds_what_judging_after_every_event_finds():

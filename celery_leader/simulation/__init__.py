@@ -4,8 +4,13 @@ The real :class:`~celery_leader.lease.LeaseManager` (not a model of it) of
 several nodes runs against a model of the Redis lease store, on one virtual
 clock, with every source of randomness drawn from the seed; faults of the
 network, the store and the nodes are injected; a checker judges the history
-as it happens. A failing seed prints the last events before the violation
-and replays exactly.
+as it happens. Each node builds its lease through the
+:class:`~celery_leader.elections.election.Election` unit the worker uses,
+and runs leader work the way a prefork worker does: runs in pool children,
+the run table, the watchdog's decision, the parent's kill on loss, the
+release guard. The checker judges whether work actually stopped, not only
+what was published. A failing seed prints the last events before the
+violation and replays exactly.
 
 Modules, one job each:
 
@@ -14,18 +19,23 @@ Modules, one job each:
   (and deliberately broken variants);
 * :mod:`.network`: store calls (delay, loss, duplication, timeouts) and
   release notifications;
-* :mod:`.node`: one worker: a LeaseManager, its clock, its thread as a chain
-  of steps, its SharedLease fed as the worker's coordinator feeds it;
+* :mod:`.node`: one worker: its Election (a LeaseManager and its
+  SharedLease), its clock, its thread as a chain of steps;
+* :mod:`.pool`: its leader work: runs, the run table, the watchdog, the
+  kills;
 * :mod:`.faults`: what a seed suffers, drawn before its run;
 * :mod:`.checker`: the invariants;
 * :mod:`.world`: one seed, wired; :mod:`.runner`: many seeds on every core;
   :mod:`.cli`: the command line.
 
 Assumptions (the lease manager's, see :mod:`celery_leader.lease`): the store
-honours its ttl on its clock; each node's clock drifts from the store's by
-less than the margin over one ttl; the store's epoch changes whenever
-other data comes to lie under the lease (any restart, and older data loaded
-without one). Within them, the checker expects no violation at all.
+honours its ttl on its clock, which may step back but never forward; each
+node's clock drifts from real time by less than the margin over one ttl;
+the store's epoch changes whenever other data comes to lie under the lease
+(any restart, and older data loaded without one). The worker's: its
+watchdog is scheduled, and the pool children of a main process that
+crashed stop with it (see :mod:`.pool`). Within them, the checker expects
+no violation at all.
 
 How time is shared: a node's store call runs the rest of the world nested
 inside it until its reply or timeout, so a call may return late when another
@@ -34,10 +44,12 @@ thread scheduled late, which the manager must tolerate. A node is paused
 only when that cannot hold up the calls of others (else its pause starts
 after its step), so that a pause means a pause of that node alone.
 
-What is not modelled: the store's own clock going back (tokens assume it
-does not), the BoundedCaller's limit on abandoned calls, the worker beyond
-its SharedLease (pool children, the watchdog, the consumer), several
-elections at once, and stores other than Redis.
+What is not modelled: the BoundedCaller's limit on abandoned calls, the
+consumer and the broker (the gate admits runs directly), the parent's kill
+of the requests it saw start (its run-table half is modelled, see
+:mod:`.pool`), policies other than ``terminate``, several elections at once,
+and stores other than Redis. The store's clock steps back only in runs that
+lose no data (the token rule's assumption).
 """
 
 from __future__ import annotations

@@ -12,10 +12,20 @@ to lie under the lease: any restart, and older data loaded without one):
    earlier ones"), and a term is elected only while it is valid
    (``add_listener``: ``is_leader()`` is already true when ELECTED is
    delivered).
-3. **Work stops before the next term acts.** The work of a term (the
-   instants when its node's SharedLease says the term is valid, judged on
-   that node's clock, as pool children judge it) never overlaps another
-   term's work or another term's leadership.
+3. **The work view ends before the next term acts.** The work of a term
+   as published (the instants when its node's SharedLease says the term is
+   valid, judged on that node's clock, as pool children judge it) never
+   overlaps another term's published work or another term's leadership.
+4. **Work stops before the next term starts.** No run of term ``T`` is
+   still executing when a term ``T' > T`` is elected, and none starts after
+   that. Judged on the runs themselves (see :mod:`.pool`), not on what was
+   published: a run executes from its check before the body (when its
+   child starts writing its slot in the run table) until it ends by itself
+   or its child dies (the parent's kill, the watchdog's, the worker's exit).
+   So a kill layer that misses a run, or kills it late, is a violation even
+   while every published view is right.
+
+(4) is judged at the events that change it: a run's start, and an election.
 
 When (1) and (3) are judged: a leadership or a term's work starts only
 inside a node's code (a step, a stop: that is where the manager's state and
@@ -34,6 +44,7 @@ from typing import Protocol
 
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.lease import LeaseManager
+from celery_leader.simulation.pool import Judge, SimRun
 from celery_leader.simulation.scheduler import Halt, Scheduler
 from celery_leader.simulation.trace import Trace
 
@@ -50,7 +61,7 @@ class Judged(Protocol):
         """The node's clock."""
 
 
-class Checker:
+class Checker(Judge):
     """Records the first violation of the run, with the time it was found."""
 
     def __init__(self, sched: Scheduler, trace: Trace, nodes: Sequence[Judged]) -> None:
@@ -61,6 +72,10 @@ class Checker:
         self.violation: str | None = None
         self._max_granted = 0
         self._max_elected = 0
+        #: The runs executing now, by (node, run number).
+        self._executing: dict[tuple[str, int], SimRun] = {}
+        #: The newest term elected so far: token, node, real time.
+        self._newest: tuple[int, str, float] = (0, "", 0.0)
 
     def fail(self, message: str) -> None:
         """Record *message* as the run's violation and end the run."""
@@ -94,6 +109,36 @@ class Checker:
                 f"{self._max_elected} was elected"
             )
         self._max_elected = token
+        self._term_started(name, token)
+
+    # -- (4) runs ----------------------------------------------------------------
+
+    def _term_started(self, name: str, token: int) -> None:
+        now = self._sched.now
+        if token > self._newest[0]:
+            self._newest = (token, name, now)
+        for run in self._executing.values():
+            if run.token < token:
+                where = "in its body" if run.in_body else "registering"
+                self.fail(
+                    f"a run of term {run.token} (pid {run.child.pid} on {run.node}, since "
+                    f"{run.started_at:.6f}, {where}) still executing when term {token} "
+                    f"started on {name} at {now:.6f}"
+                )
+
+    def on_run_start(self, run: SimRun, at: float) -> None:
+        """*run* passed its check before the body at *at*."""
+        token, name, since = self._newest
+        if run.token < token:
+            self.fail(
+                f"a run of term {run.token} (pid {run.child.pid} on {run.node}) started at "
+                f"{at:.6f}, after term {token} started on {name} at {since:.6f}"
+            )
+        self._executing[run.node, run.number] = run
+
+    def on_run_end(self, run: SimRun, at: float) -> None:
+        """*run* ended at *at* (by itself, or its child died)."""
+        self._executing.pop((run.node, run.number), None)
 
     # -- (1) and (3) at one instant ---------------------------------------------
 

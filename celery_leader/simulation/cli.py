@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m celery_leader.simulation",
         description="Deterministic simulation of the lease protocol (the real LeaseManager "
-        "against a model of the Redis store, under faults).",
+        "and the worker's end of a term against a model of the Redis store, under faults).",
     )
     parser.add_argument("--seeds", type=int, default=10_000, help="seeds to run (default 10000)")
     parser.add_argument("--first", type=int, default=0, help="the first seed (default 0)")
@@ -38,7 +38,8 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="judge after every event, not only after the events that run node code",
     )
-    # Not part of the contract: a store that is wrong on purpose, to see the checker fail.
+    # Not part of the contract: a store or kill layer that is wrong on purpose, to see the
+    # checker fail.
     parser.add_argument("--broken", choices=[mode.value for mode in Broken], help=argparse.SUPPRESS)
     return parser
 

@@ -9,12 +9,17 @@ of every kind do), how the network behaves, and a list of timed faults:
   after their client gave up (all in :class:`~.network.NetworkProfile`);
 * store: pauses (requests queue until it resumes), restarts with empty data
   (a new epoch), restarts from an older snapshot (a new epoch), eviction of
-  the lease key alone;
+  the lease key alone, its clock stepping back (only in runs without a
+  restart: the token rule assumes the clock does not go back past a token
+  granted before data is lost);
 * nodes: clock rate drift within the bound and any offset, process pauses
   (shorter and longer than a ttl), step-downs, ``stop()`` with and without
   release, crashes (SIGKILL; both followed by a restart of the process
   later), liveness failures (the NOT_LIVE path), and release guards that
-  say the term's work still runs (no release).
+  say the term's work still runs (no release);
+* work (:class:`~.pool.WorkProfile`): how often leaders start runs, how long
+  runs last (some for several ttls), and pool children stopped in the
+  middle of writing their run-table slot.
 
 The assumptions the checker relies on are kept: the store honours its ttl,
 the epoch changes whenever other data comes to lie under the lease (unless
@@ -30,6 +35,7 @@ from dataclasses import dataclass, field
 
 from celery_leader.lease.timing import LeaseTiming
 from celery_leader.simulation.network import NetworkProfile
+from celery_leader.simulation.pool import WorkProfile
 
 #: The share of the margin that clock drift may use over one ttl.
 DRIFT_SHARE = 0.25
@@ -53,6 +59,7 @@ class Kind(enum.Enum):
     STOP = "stop"
     CRASH = "crash"
     UNFIT = "liveness fails"
+    STORE_CLOCK_BACK = "store clock steps back"
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,7 @@ class Fault:
     #: How long it lasts: a pause, a restart's downtime, a liveness failure.
     duration: float = 0.0
     #: STORE_RESTORE: how old the snapshot is (s). STOP/CRASH: restart after (s).
+    #: STORE_CLOCK_BACK: how far the store's clock steps back (s).
     age: float = 0.0
     release: bool = True
 
@@ -88,6 +96,7 @@ class Plan:
     network: NetworkProfile
     nodes: list[NodeSetup]
     faults: list[Fault] = field(default_factory=list)
+    work: WorkProfile = field(default_factory=WorkProfile)
 
     def describe(self) -> str:
         """One line: what this seed does."""
@@ -105,6 +114,8 @@ class Plan:
             parts.append(f"dup {net.duplicate:.0%}")
         if net.late:
             parts.append(f"late {net.late:.0%}")
+        if self.work.stall:
+            parts.append(f"stalled writes {self.work.stall:.0%}")
         return ", ".join(parts)
 
 
@@ -199,5 +210,17 @@ def draw(
             Fault(t, Kind.UNFIT, slot=rng.randrange(count), duration=rng.uniform(0.1, ttl))
             for t in times(2)
         ]
+    # Drawn last, so that what a seed drew before these existed stays the same.
+    loses_data = any(f.kind in (Kind.STORE_RESTART, Kind.STORE_RESTORE) for f in faults)
+    if on() and not loses_data:
+        faults += [
+            Fault(t, Kind.STORE_CLOCK_BACK, age=rng.uniform(0.001, ttl * 3)) for t in times(3)
+        ]
+    work = WorkProfile(
+        arrival=rng.uniform(0.2, 1.5),
+        long_max=ttl * 2,
+        stall=rng.uniform(0.02, 0.2) if on() else 0.0,
+        stall_max=ttl * 2,
+    )
     faults.sort(key=lambda fault: fault.at)
-    return Plan(duration=length, network=network, nodes=setups, faults=faults)
+    return Plan(duration=length, network=network, nodes=setups, faults=faults, work=work)

@@ -31,13 +31,18 @@ Lua scripts and its safety statement):
   every write changes it too (:meth:`ModelStore.restart_keeping_data`): the
   store cannot tell that restart from one that lost writes.
 
-The store's clock is the simulation's real time: store and real time are
-the reference against which the nodes' clocks drift. Expiry is exact: a
-lease granted or renewed at ``t`` ends at ``t + ttl``, which is what "the
-store honours its ttl" means.
+The store's clock is the simulation's real time, the reference against
+which the nodes' clocks drift, until it steps back
+(:meth:`ModelStore.step_clock_back`: an NTP correction, a VM restored on
+another host); from then on it runs that much behind. Expiry is exact on
+that clock: a lease granted or renewed at ``t`` ends at ``t + ttl``, which is
+what "the store honours its ttl" means (a step back only makes leases last
+longer in real time). Tokens then rest on the counter: the clock alone would
+hand out a token below an earlier one.
 
 Deliberately broken variants (:class:`Broken`) exist to show that the checker
-finds what they break; they are never the default.
+finds what they break; they are never the default. One of them breaks the
+worker's kill layers rather than the store (:mod:`.pool` reads it).
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ from celery_leader.stores.redis import RedisLeaseStore
 
 
 class Broken(str, enum.Enum):
-    """A deliberately wrong store, for showing that the checker catches it."""
+    """A deliberately wrong store or kill layer, for showing that the checker catches it."""
 
     #: Older data comes back under the same epoch, as a run id alone allowed (a
     #: failover back, ``DEBUG RELOAD``, ``SWAPDB``): the restore goes unnoticed.
@@ -68,6 +73,12 @@ class Broken(str, enum.Enum):
     NO_HOLD_OFF = "no-hold-off"
     #: Tokens come from the counter alone (no store clock): a lost counter restarts them.
     COUNTER_ONLY_TOKENS = "counter-only-tokens"
+    #: Tokens come from the store's clock alone (no counter): a clock that steps
+    #: back hands out a token below an earlier one.
+    CLOCK_ONLY_TOKENS = "clock-only-tokens"
+    #: The watchdog and the parent's kill skip run-table slots that read torn
+    #: (a child stopped while it writes its slot runs on past its term's end).
+    KILL_SKIPS_TORN_SLOTS = "kill-skips-torn-slots"
 
 
 @dataclass(frozen=True)
@@ -121,7 +132,9 @@ class ModelStore:
         reads_epoch: bool = True,
         log: Callable[[str, tuple[object, ...]], None] | None = None,
     ) -> None:
-        self._clock = clock
+        self._real_clock = clock
+        #: How far the store's clock runs behind real time (its steps back so far).
+        self.behind = 0.0
         self.broken = broken
         #: False models an ACL user refused INFO: the epoch is unknown to acquire.
         self.reads_epoch = reads_epoch
@@ -154,10 +167,14 @@ class ModelStore:
         if self._log is not None:
             self._log(message, args)
 
+    def _clock(self) -> float:
+        return self._real_clock() - self.behind
+
     def _set(self, data: Data) -> None:
         self.data = data
         if self._history is not None:
-            self._history.append((self._clock(), data))
+            # Snapshots are taken and chosen on real time.
+            self._history.append((self._real_clock(), data))
 
     def _live(self, now: float) -> Lease | None:
         # A key with a PX expiry is gone once its time has come (on the store's clock).
@@ -198,13 +215,15 @@ class ModelStore:
         now_us = int(now * 1_000_000)
         if self.broken is Broken.COUNTER_ONLY_TOKENS:
             token = max((data.counter or 0) + 1, min_token + 1)
+        elif self.broken is Broken.CLOCK_ONLY_TOKENS:
+            token = now_us
         else:
             token = rules.next_token(data.counter, now_us, min_token)
         lease = Lease(holder.lease_id, holder.nodename, token, now, now + ttl, hold_until)
         self._set(Data(lease, token, Meta(self.epoch, now + ttl)))
         self._say("acquire by %s granted: token %d, hold-off %.3f", who, token, hold_off)
         if self.on_grant is not None:
-            self.on_grant(token, who, now)
+            self.on_grant(token, who, self._real_clock())
         return AcquireResult(acquired=True, token=token, hold_off=hold_off)
 
     def renew(self, name: str, lease_id: str, ttl: float) -> bool:
@@ -310,6 +329,17 @@ class ModelStore:
             self.epoch += 1
         self._set(data)
         return taken
+
+    def step_clock_back(self, seconds: float) -> None:
+        """The store's clock steps back by *seconds* (and runs on from there).
+
+        Live leases last *seconds* longer in real time (their expiry is on
+        this clock). The token rule keeps tokens rising with the counter; it
+        assumes the clock does not go back past a token granted before data
+        is lost (see :func:`celery_leader.stores.rules.next_token`), so the
+        simulation never loses data in a run whose clock steps back.
+        """
+        self.behind += seconds
 
     def evict_lease(self) -> bool:
         """The lease key alone vanishes (maxmemory eviction, an operator's DEL)."""

@@ -15,12 +15,16 @@ A node is one process with one :class:`~celery_leader.lease.LeaseManager`
 * **the work view** is a real :class:`~celery_leader.elections.shared_lease.SharedLease`,
   fed as the worker's coordinator feeds it: publish on ELECTED and RENEWED,
   revoke on LOST and RELEASED. The checker reads it on this node's clock, as
-  pool children would.
+  pool children would;
+* **the work** is a :class:`~.pool.Pool`: leader runs in pool children,
+  the run table, the watchdog; on LOST and RELEASED the parent's kill, and
+  the release guard reads the table, as the worker's ``TermEnd`` does.
 
 A pause (SIGSTOP, a GC, a frozen VM) holds back every event of the node (its
-steps, its replies, its notifications) until it ends; its ``is_leader()``
-and its work view are still judged at every instant, on its clock, since a
-paused process's pool children and callers do not wait for it.
+steps, its replies, its notifications, its gate) until it ends; its
+``is_leader()`` and its work view are still judged at every instant, on its
+clock, since a paused process's pool children, its watchdog and its callers
+do not wait for it.
 
 Stop, step-down and crash are requests from outside the thread: a node that
 is inside a step (waiting for a store call) takes them when the step
@@ -39,6 +43,7 @@ from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.lease import LeaseEvent, Term
 from celery_leader.lease.timing import LeaseTiming
 from celery_leader.simulation.network import Network, StoreClient, WatchEntry
+from celery_leader.simulation.pool import Judge, Pool, WorkProfile
 from celery_leader.simulation.scheduler import Scheduler
 from celery_leader.simulation.trace import Trace
 from celery_leader.stores.base import Holder
@@ -62,6 +67,25 @@ class _Wake(threading.Event):
         self._on_set()
 
 
+class _WatchedLease(SharedLease):
+    """The node's shared lease: tells its watchdog of every publish and revoke."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.on_change: Callable[[], None] | None = None
+
+    def publish(self, token: int, valid_until: float) -> bool:
+        published = super().publish(token, valid_until)
+        if self.on_change is not None:
+            self.on_change()
+        return published
+
+    def revoke(self, token: int | None = None) -> None:
+        super().revoke(token)
+        if self.on_change is not None:
+            self.on_change()
+
+
 class Node:
     """One incarnation of a worker process (a restart is a new Node of the same slot)."""
 
@@ -79,7 +103,12 @@ class Node:
         trace: Trace,
         after_code: Callable[[], None],
         on_elected: Callable[[Node, LeaseEvent], None],
+        work: WorkProfile,
+        work_rng: random.Random,
+        judge: Judge,
+        new_pid: Callable[[], int],
         release_guard_ok: bool = True,
+        skip_torn: bool = False,
     ) -> None:
         self.name = name
         self.slot = slot
@@ -94,7 +123,7 @@ class Node:
         self._rng = rng
         #: The manager runs (False once stopped or crashed).
         self.alive = True
-        #: The process is gone; its pool children may still run until validity ends.
+        #: The process is gone (its published validity is still judged until it ends).
         self.crashed = False
         self.unfit_until = 0.0
         self.release_guard_ok = release_guard_ok
@@ -106,10 +135,28 @@ class Node:
         self._pause_pending = 0.0
         self.watches: list[WatchEntry] = []
         self.client = StoreClient(network, self, self.watches)
+        shared = _WatchedLease(ELECTION)
+        self.pool = Pool(
+            node=self,
+            name=name,
+            shared=shared,
+            sched=sched,
+            trace=trace,
+            rng=work_rng,
+            profile=work,
+            local_now=self.local_now,
+            real_time_of=self.real_time_of,
+            rate=rate,
+            new_pid=new_pid,
+            judge=judge,
+            owner_pid=new_pid(),
+            skip_torn=skip_torn,
+        )
+        shared.on_change = self.pool.on_shared_change
         # The unit the worker uses: the same publish and revoke of each term.
         self.election = Election(
             self.client,
-            SharedLease(ELECTION),
+            shared,
             timing,
             holder=Holder(lease_id=f"{name}-first", nodename=name, hostname="sim", pid=slot),
             liveness=self._live,
@@ -130,6 +177,10 @@ class Node:
         """The lease clock of this node: ``offset + rate * real time``."""
         return self.offset + self.rate * self._sched.now
 
+    def real_time_of(self, local: float) -> float:
+        """The real time at which this node's clock reads *local*."""
+        return (local - self.offset) / self.rate
+
     def _call(self, fn: Callable[[], Any], timeout: float, what: str) -> Any:
         return self._network.call(self, fn, timeout, what)
 
@@ -137,19 +188,25 @@ class Node:
         return self._sched.now >= self.unfit_until
 
     def _guard(self, term: Term) -> bool:
-        if not self.release_guard_ok:
+        # TermEnd.work_stopped: the run table shows no run of the term (the
+        # parent's kill just ran); a node whose guard is not ok always says one runs.
+        stopped = self.release_guard_ok and self.pool.work_stopped(term.token)
+        if not stopped:
             self._trace.add(self._sched.now, self.name, "guard: work of %d still runs", term.token)
-        return self.release_guard_ok
+        return stopped
 
     def _on_elected_event(self, event: LeaseEvent) -> None:
         # After the Election published the term, as the worker's coordinator does.
         self._trace.add(self._sched.now, self.name, "ELECTED token %d", event.term.token)
         self._on_elected(self, event)
+        self.pool.on_elected()
 
     def _on_ended_event(self, event: LeaseEvent) -> None:
         reason = f" ({event.reason.value})" if event.reason is not None else ""
         kind = event.kind.name
         self._trace.add(self._sched.now, self.name, "%s token %d%s", kind, event.term.token, reason)
+        # After the Election revoked the term: TermEnd.end's kill of its runs.
+        self.pool.parent_kill(event.term.token, kind)
 
     # -- the thread -------------------------------------------------------------
 
@@ -246,6 +303,7 @@ class Node:
             self._busy = False
         for entry in self.watches:
             entry.close()
+        self.pool.exit("worker exit")  # the term's end was handled: the process exits
         self._after_code()
 
     def request_step_down(self) -> None:
@@ -272,3 +330,4 @@ class Node:
         self.crashed = True
         for entry in self.watches:
             entry.close()
+        self.pool.exit("crash of the main process")  # billiard ends the children with it

@@ -79,6 +79,9 @@ class World:
             self.trace,
         )
         self._node_rng = _rng(master.getrandbits(64))
+        # Drawn after the others, so that their streams stay what they were.
+        self._work_rng = _rng(master.getrandbits(64))
+        self._pids = 100
         self.all_nodes: list[Node] = []
         #: The current incarnation of each slot (None between a stop and a restart).
         self.slots: list[Node | None] = [None] * len(self.plan.nodes)
@@ -105,6 +108,10 @@ class World:
 
     # -- nodes ------------------------------------------------------------------
 
+    def _new_pid(self) -> int:
+        self._pids += 1
+        return self._pids
+
     def _start_node(self, slot: int, at: float) -> None:
         setup = self.plan.nodes[slot]
         incarnation = self._incarnations[slot]
@@ -122,7 +129,12 @@ class World:
             trace=self.trace,
             after_code=self.checker.check_instant,
             on_elected=self._on_elected,
+            work=self.plan.work,
+            work_rng=_rng(self._work_rng.getrandbits(64)),
+            judge=self.checker,
+            new_pid=self._new_pid,
             release_guard_ok=setup.release_guard_ok,
+            skip_torn=self.store.broken is Broken.KILL_SKIPS_TORN_SLOTS,
         )
         self.all_nodes.append(node)
         self.slots[slot] = node
@@ -143,6 +155,13 @@ class World:
         elif kind is Kind.EVICT:
             if self.store.evict_lease():
                 say(now, "store", "lease key evicted")
+        elif kind is Kind.STORE_CLOCK_BACK:
+            # Never before the clock's origin: a clock reads time since an epoch long past.
+            back = min(fault.age, now - self.store.behind)
+            self.store.step_clock_back(back)
+            say(
+                now, "store", "clock steps back %.3f s (now %.3f s behind)", back, self.store.behind
+            )
         else:
             self._node_fault(fault)
 

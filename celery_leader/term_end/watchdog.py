@@ -12,13 +12,28 @@ import time
 from contextlib import suppress
 
 from celery_leader.elections.procinfo import parent_of, process_ended
-from celery_leader.elections.run_table import RUN_SLOTS
+from celery_leader.elections.run_table import RUN_SLOTS, Run
 from celery_leader.elections.shared_lease import SharedLease, SharedLeases
 
 logger = logging.getLogger(__name__)
 
 #: How often the watchdog reads the shared leases and the run table, in seconds.
 WATCH_INTERVAL = 0.01
+
+
+def past_deadline(group: SharedLeases, run: Run, *, now: float | None = None) -> bool:
+    """True when *run* is a ``terminate`` run whose term is not valid at *now*.
+
+    The watchdog's decision, without I/O: *run* is judged against its own
+    election's slot in *group*; a run of an election the group does not
+    know, or whose slot could not be read (``EVERY_ELECTION``), is never
+    valid. *now* is the lease-clock time to judge at (default: the
+    lease clock; the simulation passes its virtual clock).
+    """
+    if not run.terminate or run.pid <= 0:
+        return False
+    lease = group.at(run.election)
+    return lease is None or not lease.valid_for(run.token, now=now)
 
 
 def enforce_deadlines(
@@ -41,10 +56,7 @@ def enforce_deadlines(
     killed = []
     done = set() if done is None else done
     for run in group.runs.busy():
-        if not run.terminate or run.pid <= 0 or (run.pid, run.started) in done:
-            continue
-        lease = group.at(run.election)
-        if lease is not None and lease.valid_for(run.token):
+        if (run.pid, run.started) in done or not past_deadline(group, run):
             continue
         if run.running() and parent_of(run.pid) == worker_pid:
             group.runs.record_kill(run)  # before the kill: the parent may see the death first
