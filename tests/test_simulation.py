@@ -15,7 +15,7 @@ from celery_leader.simulation import Broken, run_seeds, simulate
 from celery_leader.simulation.cli import main
 from celery_leader.simulation.faults import Kind
 from celery_leader.simulation.model_store import ModelStore
-from celery_leader.simulation.pool import RunTableModel
+from celery_leader.simulation.pool import Pool, RunTableModel
 from celery_leader.simulation.scheduler import Scheduler
 from celery_leader.simulation.world import World, quiet_loggers
 from celery_leader.stores.base import Holder
@@ -336,6 +336,38 @@ def test_tokens_from_the_clock_alone_are_caught_when_the_store_clock_steps_back(
         if found and int(found[1]) < int(found[2]):
             below.append(result)
     assert len(below) >= 5, [(r.seed, r.violation) for r in summary.failures]
+
+
+def test_the_watchdog_run_on_changes_kills_as_one_woken_every_interval_does(monkeypatch):
+    """Passes only where something changed: the same kills, at the same instants."""
+    with quiet_loggers():
+        lazy = [simulate(seed, full_trace=True) for seed in range(25)]
+
+    init = Pool.__init__
+
+    def polling_init(self: Pool, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+
+        def wake(at: float) -> None:
+            self._pass(at)
+            if self.open:
+                nxt = self._grid_after(at)
+                self._sched.at(nxt, lambda: wake(nxt))
+
+        first = self._grid_after(self._sched.now)
+        self._sched.at(first, lambda: wake(first))
+
+    monkeypatch.setattr(Pool, "__init__", polling_init)
+    monkeypatch.setattr(Pool, "_poke", lambda self: None)
+    monkeypatch.setattr(Pool, "_plan_deadline", lambda self: None)
+    with quiet_loggers():
+        polling = [simulate(seed, full_trace=True) for seed in range(25)]
+    kills = 0
+    for one, other in zip(lazy, polling, strict=True):
+        assert one.violation == other.violation
+        assert one.trace == other.trace, one.seed
+        kills += sum("watchdog kills" in line for line in one.trace)
+    assert kills > 10
 
 
 def test_judging_after_node_events_finds_what_judging_after_every_event_finds():

@@ -393,7 +393,11 @@ class Pool:
     def _grid_after(self, time: float) -> float:
         """The watchdog's first wake-up strictly after *time*."""
         k = math.floor((time - self._phase) / self._step) + 1
-        return self._phase + k * self._step
+        at = self._phase + k * self._step
+        while at <= time:  # rounding: strictly after, or a pass could repeat at one instant
+            k += 1
+            at = self._phase + k * self._step
+        return at
 
     def _schedule_pass(self, at: float) -> None:
         if at in self._passes:
