@@ -34,7 +34,7 @@ node's clock drifts from real time by less than the margin over one ttl;
 the store's epoch changes whenever other data comes to lie under the lease
 (any restart, and older data loaded without one). The worker's: its
 watchdog is scheduled, and the pool children of a main process that
-crashed stop with it (see :mod:`.pool`). Within them, the checker expects
+crashed die with it (the kernel's parent-death signal, see :mod:`.pool`). Within them, the checker expects
 no violation at all.
 
 How time is shared: a node's store call runs the rest of the world nested
@@ -47,9 +47,10 @@ after its step), so that a pause means a pause of that node alone.
 What is not modelled: the BoundedCaller's limit on abandoned calls, the
 consumer and the broker (the gate admits runs directly), the parent's kill
 of the requests it saw start (its run-table half is modelled, see
-:mod:`.pool`), policies other than ``terminate``, several elections at once,
-and stores other than Redis. The store's clock steps back only in runs that
-lose no data (the token rule's assumption).
+:mod:`.pool`), a watchdog that dies (the worker replaces it and does not
+renew without one), policies other than ``terminate``, several elections
+at once, and stores other than Redis. The store's clock steps back only in
+runs that lose no data (the token rule's assumption).
 """
 
 from __future__ import annotations

@@ -40,16 +40,19 @@ validity ran out meanwhile. Only those passes are run, at the same grid
 instants: after every table write and every publish or revoke, and at the
 first instant past the validity of a term the table shows a run of.
 
-Modelled simplifications, each on the side of fewer kills by the worker:
-the parent's half that kills the requests it saw start (``kill_runs``) is
-left out (the table half covers them, and a child the parent has not heard
-from yet too); a torn slot is read torn at once (the real read retries for
-about 20 ms first; stops mid-write last longer here).
+Modelled simplifications: the parent's half that kills the requests it saw
+start (``kill_runs``) is left out, so the parent kills fewer here (the table
+half covers those children, and the ones the parent has not heard from
+yet); a torn slot is read torn at once, where the real read retries for
+about 20 ms first (stops mid-write last 50 ms or more here, so the read
+would find the slot torn all the same, that much later: well within the
+margin).
 
-Assumption (as in the real worker): the children of a main process that
-crashed stop with it (billiard ends them; the integration tests measure
-well under a second); here they stop at once. A stopped worker's children
-end when it exits, after its term's end was handled.
+The children of a main process that crashed stop with it, at once: Celery's
+prefork children ask the kernel to SIGKILL them when their parent dies
+(``PR_SET_PDEATHSIG``), and the watchdog exits with the main process. A
+stopped worker's children end when it exits, after its term's end was
+handled.
 """
 
 from __future__ import annotations
