@@ -34,8 +34,8 @@ node's clock drifts from real time by less than the margin over one ttl;
 the store's epoch changes whenever other data comes to lie under the lease
 (any restart, and older data loaded without one). The worker's: its
 watchdog is scheduled, and the pool children of a main process that
-crashed die with it (the kernel's parent-death signal, see :mod:`.pool`). Within them, the checker expects
-no violation at all.
+crashed die with it (the kernel's parent-death signal, see :mod:`.pool`).
+Within them, the checker expects no violation at all.
 
 How time is shared: a node's store call runs the rest of the world nested
 inside it until its reply or timeout, so a call may return late when another
