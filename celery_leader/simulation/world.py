@@ -1,7 +1,8 @@
 """One seed: build the world from the seed, run it, judge it.
 
 Everything random comes from ``random.Random(seed)``: the plan (nodes and
-faults), the network, and each node's manager (its jitter). Lease ids are
+faults), the network, each node's manager (its jitter) and each node's
+work (its runs, their lengths, its children's stops). Lease ids are
 the one thing the real manager draws itself (``uuid4``, once per term); the
 run depends only on whether two are equal, and the trace names them by
 order of appearance, so a seed replays exactly.
