@@ -88,9 +88,9 @@ python_for() {
   return 1
 }
 
-# compat_run LABEL PYTHON [PIN...]: a venv .venv-compat/LABEL with the test extra (and the
-# pins as constraints), kept while its inputs are unchanged; then pytest -m compat in it.
-compat_run() {
+# compat_venv LABEL PYTHON [PIN...]: a venv .venv-compat/LABEL with the test extra (and the
+# pins as constraints), kept while its inputs are unchanged.
+compat_venv() {
   local label="$1" python="$2"; shift 2
   local dir=".venv-compat/$label" stamp
   stamp="$("$python" -V 2>&1) $* $(cat pyproject.toml | sha1sum)"
@@ -103,27 +103,64 @@ compat_run() {
       -c "$dir/constraints.txt" -e ".[test]" || return 1
     echo "$stamp" > "$dir/.inputs"
   fi
-  echo "== compat $label: $("$dir/bin/python" -c 'import sys, celery, kombu, redis; print(f"Python {sys.version.split()[0]}, Celery {celery.__version__}, kombu {kombu.__version__}, redis-py {redis.__version__}")')"
+}
+
+# compat_test LABEL: pytest -m compat in .venv-compat/LABEL.
+compat_test() {
+  local dir=".venv-compat/$1"
+  echo "== compat $1: $("$dir/bin/python" -c 'import sys, celery, kombu, redis; print(f"Python {sys.version.split()[0]}, Celery {celery.__version__}, kombu {kombu.__version__}, redis-py {redis.__version__}")')"
   "$dir/bin/python" -m pytest -m compat -q -p no:cacheprovider
 }
 
 #: The oldest releases pyproject.toml allows; keep in step with its dependencies.
 FLOOR_PINS=(celery==5.3.0 kombu==5.3.0 redis==5.0.0)
 
+# The compat runs, one a line: LABEL PYTHON-VERSION [PIN...]
+compat_matrix() {
+  echo "floor-py3.10 3.10 ${FLOOR_PINS[*]}"
+  for version in 3.10 3.12 3.13; do echo "py$version $version"; done
+  if [ "${1:-}" = "--all" ]; then
+    for celery in 5.4.0 5.5.3 5.6.3; do echo "celery$celery-py3.12 3.12 celery==$celery"; done
+  fi
+}
+
+# Every compat venv, one after the other (they share pip's cache of wheels).
+compat_prepare() {
+  local status=0 line label version python runs
+  mapfile -t runs < <(compat_matrix "$@")
+  for line in "${runs[@]}"; do
+    # shellcheck disable=SC2086 # LABEL VERSION PIN...: words
+    set -- $line
+    label="$1" version="$2"; shift 2
+    python="$(python_for "$version")" && compat_venv "$label" "$python" "$@" || status=1
+  done
+  return "$status"
+}
+
+# The compat subset in every compat venv, all runs at once: each mostly waits on its
+# workers. Each run takes its own share of the free ports (tests/servers.py), and the
+# machine's RabbitMQ on a virtual host of its own; its output is shown whole, in order.
+compat_tests() {
+  local status=0 index label runs pids=() labels=()
+  mapfile -t runs < <(compat_matrix "$@")
+  mkdir -p .venv-compat
+  for index in "${!runs[@]}"; do
+    label="${runs[$index]%% *}"
+    LEADER_TEST_PORT_SHARE="$index/${#runs[@]}" compat_test "$label" \
+      >".venv-compat/$label.log" 2>&1 </dev/null &
+    pids+=("$!"); labels+=("$label")
+  done
+  for index in "${!pids[@]}"; do
+    wait "${pids[$index]}" || status=1
+    cat ".venv-compat/${labels[$index]}.log"
+  done
+  return "$status"
+}
+
 compat() {
   local status=0
-  local python
-  python="$(python_for 3.10)" || return 1
-  compat_run floor-py3.10 "$python" "${FLOOR_PINS[@]}" || status=1
-  for version in 3.10 3.12 3.13; do
-    python="$(python_for "$version")" && compat_run "py$version" "$python" || status=1
-  done
-  if [ "${1:-}" = "--all" ]; then
-    for celery in 5.4.0 5.5.3 5.6.3; do
-      python="$(python_for 3.12)" && compat_run "celery$celery-py3.12" "$python" "celery==$celery" \
-        || status=1
-    done
-  fi
+  compat_prepare "$@" || status=1
+  compat_tests "$@" || status=1
   return "$status"
 }
 
@@ -140,10 +177,23 @@ case "$cmd" in
     .venv/bin/ruff format --check .
     .venv/bin/mypy
     status=0
-    .venv/bin/python -m pytest "$@" || status=$?
-    # The compat subset on the oldest allowed releases and the other Pythons (skipped when
-    # pytest was given arguments, which select a part of the suite).
-    if [ "$#" = 0 ]; then compat || status=1; fi
+    if [ "$#" != 0 ]; then  # a part of the suite, as pytest's arguments select it
+      .venv/bin/python -m pytest "$@" || status=$?
+      exit "$status"
+    fi
+    # The compat venvs are built while the suite runs (its tests mostly wait).
+    mkdir -p .venv-compat
+    compat_prepare >.venv-compat/prepare.log 2>&1 </dev/null &
+    prepare=$!
+    # The suite in parallel processes, more than the cores: most tests wait on real
+    # workers, servers and beats. The tests marked serial bound a time tightly: they run
+    # next, one at a time, with nothing else of the suite beside them.
+    .venv/bin/python -m pytest -n "${PYTEST_WORKERS:-4}" --dist loadgroup \
+      --no-loadscope-reorder -m "not serial" || status=$?
+    .venv/bin/python -m pytest -m serial || status=$?
+    # The compat subset on the oldest allowed releases and the other Pythons.
+    wait "$prepare" || { cat .venv-compat/prepare.log; status=1; }
+    compat_tests || status=1
     exit "$status"
     ;;
   compat)

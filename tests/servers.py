@@ -22,11 +22,49 @@ import amqp
 import redis
 
 
+def _share(variable: str, value: str) -> tuple[int, int]:
+    """(index, count) from "INDEX/COUNT" in *value*; (0, 1) when it is not that."""
+    index, _, count = value.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        if value:
+            raise RuntimeError(f"{variable}={value!r}: expected INDEX/COUNT, INDEX < COUNT")
+        return 0, 1
+    return int(index), int(count)
+
+
+def port_share() -> tuple[int, int]:
+    """(this process's share of the ports, the number of shares): see :func:`free_port`.
+
+    A pytest-xdist worker (``gwN`` of ``PYTEST_XDIST_WORKER_COUNT``) has share
+    N; ``LEADER_TEST_PORT_SHARE=K/M`` (set by run.sh for test runs it starts
+    side by side) splits that again: share ``K * workers + N`` of ``M * workers``.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "").removeprefix("gw")
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    index, workers = _share("PYTEST_XDIST_WORKER", f"{worker}/{count}" if worker else "")
+    run, runs = _share("LEADER_TEST_PORT_SHARE", os.environ.get("LEADER_TEST_PORT_SHARE", ""))
+    return run * workers + index, runs * workers
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now.
+
+    The kernel picks it (a port it would give any ``bind(("127.0.0.1", 0))``),
+    and each of the test processes running side by side (pytest-xdist workers,
+    run.sh's concurrent compat runs) takes only its own share of the ports:
+    ``(port // 2) % shares == share`` (the kernel hands out mostly odd ports
+    for ``bind``, hence the halving). Between this call and the server's own
+    bind the port is free for anyone, so two processes picking at once could
+    otherwise both get the same port; with disjoint shares they cannot.
+    """
+    share, shares = port_share()
+    for _ in range(100 * shares):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if (port // 2) % shares == share:
+            return port
+    raise RuntimeError(f"no free port in share {share} of {shares}")
 
 
 def wait_for_port(proc: subprocess.Popen[bytes], port: int, what: str, timeout: float) -> None:

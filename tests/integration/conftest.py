@@ -35,6 +35,7 @@ LEADER_TASKS = (
     "poll_cancel",
 )
 RABBITMQ_URL = os.environ.get("LEADER_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
+RABBITMQCTL = "/usr/sbin/rabbitmqctl"
 
 
 class Worker:
@@ -137,12 +138,12 @@ class Beat(Worker):
 class Cluster:
     """Servers, environment and workers for one test."""
 
-    def __init__(self, tmp: Path, broker: str) -> None:
+    def __init__(self, tmp: Path, broker: str, rabbitmq_url: str = RABBITMQ_URL) -> None:
         self.tmp = tmp
         self.data = RedisServer(tmp).start()  # broker (redis runs) and run history
         self.store = RedisServer(tmp).start()  # the lease store, separate so it can be paused
         self.name = f"t{uuid.uuid4().hex[:8]}"
-        broker_url = self.data.url if broker == "redis" else RABBITMQ_URL
+        broker_url = self.data.url if broker == "redis" else rabbitmq_url
         self.env = {
             **os.environ,
             "LEADER_BROKER": broker_url,
@@ -276,14 +277,48 @@ def broker(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+def rabbitmqctl(*args: str) -> None:
+    """Run ``rabbitmqctl`` on the machine's RabbitMQ (through sudo when not root, as run.sh)."""
+    command = [RABBITMQCTL, "-q", *args]
+    if os.geteuid() != 0:
+        command = ["sudo", "-n", *command]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}: {proc.stderr.strip()}")
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url() -> Iterator[str]:
+    """The machine's RabbitMQ, on a virtual host of this pytest process alone.
+
+    Celery's remote control (``celery inspect``) and events are broadcast to
+    every worker of a virtual host: in a shared one, workers of a test
+    running at the same time (another pytest-xdist worker, a compat run)
+    would answer too. ``LEADER_TEST_RABBITMQ`` names a broker to use as is.
+    """
+    if not rabbitmq_available():
+        pytest.fail("RabbitMQ is not running on 127.0.0.1:5672: run the README's test command")
+    if "LEADER_TEST_RABBITMQ" in os.environ:
+        yield RABBITMQ_URL
+        return
+    vhost = f"celery-leader-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    rabbitmqctl("add_vhost", vhost)
+    try:
+        rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+        yield f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
+    finally:
+        rabbitmqctl("delete_vhost", vhost)
+
+
 @pytest.fixture
-def cluster_for(tmp_path: Path) -> Iterator:
+def cluster_for(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator:
     made: list[Cluster] = []
 
     def make(broker: str = "redis") -> Cluster:
-        if broker == "rabbitmq" and not rabbitmq_available():
-            pytest.fail("RabbitMQ is not running on 127.0.0.1:5672: run the README's test command")
-        cluster = Cluster(tmp_path, broker)
+        if broker == "rabbitmq":
+            cluster = Cluster(tmp_path, broker, request.getfixturevalue("rabbitmq_url"))
+        else:
+            cluster = Cluster(tmp_path, broker)
         made.append(cluster)
         return cluster
 
