@@ -40,16 +40,40 @@ SERIAL = (
 )
 
 
-@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadgroup`` that keeps each file of XDIST_GROUPS on one worker.
+
+    xdist's own loadgroup reads the ``xdist_group`` marks through node ids that
+    pytest 9.2 no longer lets it change (pytest-xdist issue 1386): the groups
+    are then silently ignored. This scheduler finds them by file name instead.
+    """
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FileGroupScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            group = XDIST_GROUPS.get(nodeid.split("::", 1)[0])
+            return f"group:{group}" if group is not None else super()._split_scope(nodeid)
+
+    return FileGroupScheduling(config, log)
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark XDIST_GROUPS and SERIAL, before any pytest_collection_modifyitems reads marks
+    (xdist's, which names the groups; ``-m``'s)."""
+    group = XDIST_GROUPS.get(item.nodeid.split("::", 1)[0])
+    if group is not None:
+        item.add_marker(pytest.mark.xdist_group(group))
+    if item.nodeid.startswith(SERIAL):
+        item.add_marker(pytest.mark.serial)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark XDIST_GROUPS and SERIAL; under pytest-xdist, send the slow tests out first."""
-    for item in items:
-        group = XDIST_GROUPS.get(item.nodeid.split("::", 1)[0])
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-        if item.nodeid.startswith(SERIAL):
-            item.add_marker(pytest.mark.serial)
-    if config.option.markexpr == "serial":  # run.sh's serial pass: a renamed test is lost
+    """Check SERIAL in the serial pass; under pytest-xdist, send the slow tests out first."""
+    whole = config.args_source == pytest.Config.ArgsSource.TESTPATHS
+    if whole and config.option.markexpr == "serial":  # run.sh's pass: a renamed test is lost
         missing = [name for name in SERIAL if not any(i.nodeid.startswith(name) for i in items)]
         if missing:
             raise pytest.UsageError(f"tests/conftest.py SERIAL names no test: {missing}")
