@@ -5,18 +5,33 @@ from __future__ import annotations
 from celery import Celery
 
 from celery_leader.worker.redelivery import (
+    COMPLETED,
     DROP,
+    FAILED,
     PARK,
     RUN,
+    SUPERSEDED,
     Redeliveries,
     outlasting_tasks,
     visibility_timeout,
 )
 
 
+class Delivery:
+    def __init__(self, tag):
+        self.delivery_tag = tag
+
+
 class Message:
-    def __init__(self, task_id):
+    """Stands for a request: its task id, its message's delivery tag, its state.
+
+    A broker that delivers a message again keeps its tag (kombu's Redis and
+    SQS transports); another message under the same id has a tag of its own.
+    """
+
+    def __init__(self, task_id, tag="tag-1"):
         self.id, self.acknowledged = task_id, False
+        self._message = Delivery(tag)
 
 
 def test_a_copy_waits_for_its_run_and_is_dropped_when_the_run_completed():
@@ -25,8 +40,8 @@ def test_a_copy_waits_for_its_run_and_is_dropped_when_the_run_completed():
     assert runs.admit(original) == RUN
     assert runs.admit(copy) == PARK
     assert runs.parked() == 1
-    assert runs.settle(original, completed=True) == [copy]
-    assert runs.settle(original, completed=True) == [], "a second report settles nothing"
+    assert runs.settle(original, COMPLETED) == [copy]
+    assert runs.settle(original, COMPLETED) == [], "a second report settles nothing"
     assert runs.admit(later) == DROP, "a copy arriving after completion is not run"
 
 
@@ -36,7 +51,7 @@ def test_a_copy_runs_when_the_run_did_not_complete():
     assert runs.admit(original) == RUN
     assert runs.admit(first) == PARK
     assert runs.admit(second) == PARK
-    assert runs.settle(original, completed=False) == [first, second]
+    assert runs.settle(original, FAILED) == [first, second]
     assert runs.admit(first) == RUN, "one copy runs"
     assert runs.admit(second) == PARK, "the others wait behind it"
 
@@ -55,7 +70,7 @@ def test_completed_ids_are_remembered_up_to_a_bound():
     for task_id in "xyz":
         message = Message(task_id)
         runs.admit(message)
-        runs.settle(message, completed=True)
+        runs.settle(message, COMPLETED)
     assert runs.admit(Message("x")) == RUN, "the oldest was forgotten"
     assert runs.admit(Message("z")) == DROP
 
@@ -93,3 +108,40 @@ def test_the_warning_names_leader_tasks_that_may_outlast_the_visibility_timeout(
     assert outlasting_tasks(app, tasks) == (60.0, sorted([unbounded.name, too_long.name]))
     app.conf.task_time_limit = 10
     assert outlasting_tasks(app, tasks) == (60.0, [too_long.name])
+
+
+def test_a_run_that_retried_or_was_replaced_drops_its_copies_and_its_retry_runs():
+    """The retry (or the replacement) is another message under the same id: it runs."""
+    runs = Redeliveries()
+    original, copy = Message("r"), Message("r")
+    assert runs.admit(original) == RUN
+    assert runs.admit(copy) == PARK
+    retry = Message("r", tag="tag-2")
+    assert runs.admit(retry) == RUN, "the retry's own message runs, even before the first settles"
+    assert runs.settle(original, SUPERSEDED) == [copy]
+    assert runs.admit(Message("r")) == DROP, "a later copy of the first message"
+    assert runs.admit(Message("r", tag="tag-2")) == PARK, "a copy of the retry waits for it"
+
+
+def test_a_message_sent_again_on_purpose_under_the_same_id_runs():
+    """Only a broker's redelivery (same tag) is a copy: a new message with a chosen id runs."""
+    runs = Redeliveries()
+    first = Message("fixed")
+    assert runs.admit(first) == RUN
+    assert runs.admit(Message("fixed", tag="tag-2")) == RUN, "beside the first, as sent"
+    runs.settle(first, COMPLETED)
+    assert runs.admit(Message("fixed", tag="tag-3")) == RUN, "after it, as sent"
+    assert runs.admit(Message("fixed")) == DROP, "a redelivery of the completed one does not"
+
+
+def test_retry_ignore_and_reject_hand_the_message_on_while_other_errors_fail():
+    from billiard.einfo import ExceptionWithTraceback
+    from celery.exceptions import Ignore, Reject, Retry
+
+    from celery_leader.worker.request import _hands_on
+
+    for handed_on in (Retry(), Retry(exc=ValueError("cause")), Ignore(), Reject(requeue=True)):
+        assert _hands_on(handed_on)
+        assert _hands_on(ExceptionWithTraceback(handed_on, ""))
+    assert not _hands_on(ValueError("bug"))
+    assert not _hands_on(ExceptionWithTraceback(KeyError("k"), ""))

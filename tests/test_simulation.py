@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from celery_leader.elections.run_table import EVERY_ELECTION, EVERY_TERM, Run
+from celery_leader.elections.run_table import EVERY_TERM, Run
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.simulation import Broken, run_seeds, simulate
 from celery_leader.simulation.cli import main
@@ -178,7 +178,7 @@ def test_tokens_from_the_clock_alone_go_back_with_the_clock():
 
 
 def test_run_table_model_reads_as_the_run_table_does():
-    """Whole, empty, torn by a live writer (every term, fail closed), torn by a dead one."""
+    """Whole, empty, torn by a live writer (every term, not killed), torn by a dead one."""
     alive = {11: 1011, 12: 1012}
 
     def running(pid: int, started: int) -> bool:
@@ -187,10 +187,10 @@ def test_run_table_model_reads_as_the_run_table_does():
     table = RunTableModel(3)
     table.begin_write(0, 11)
     table.end_write(0, Run(0, 11, 7, True, 1011))
-    table.begin_write(1, 12)  # stopped mid-write
+    table.begin_write(1, 12, 0)  # stopped mid-write
     table.begin_write(2, 13)  # killed mid-write: 13 is gone
     assert table.slot(0, running) == Run(0, 11, 7, True, 1011)
-    assert table.slot(1, running) == Run(1, 12, EVERY_TERM, True, 0, EVERY_ELECTION)
+    assert table.slot(1, running) == Run(1, 12, EVERY_TERM, False, 0, 0)
     assert table.slot(2, running) is None
     assert [run.slot_index for run in table.running(6, running, exclude_pid=1, election=0)] == [1]
     assert len(table.running(7, running, exclude_pid=1, election=0)) == 2
@@ -310,12 +310,14 @@ def test_the_seeds_that_catch_broken_kill_layers_and_tokens_pass_with_the_real_c
     assert summary.violations == 0, [(r.seed, r.violation) for r in summary.failures]
 
 
-def test_a_kill_layer_that_skips_torn_slots_is_caught():
-    """A child stopped mid-write outlives its term: the run check sees it still executing."""
-    summary = run_seeds(NEW_CHECK_SEEDS, broken=Broken.KILL_SKIPS_TORN_SLOTS, jobs=1)
+def test_a_torn_slot_that_hides_later_runs_is_caught():
+    """The run table before the fix: a later run of a torn slot's index outlives its term."""
+    summary = run_seeds(NEW_CHECK_SEEDS, broken=Broken.TORN_SLOT_HIDES_RUNS, jobs=1)
     assert summary.violations > 0
     for result in summary.failures:
-        assert "still executing when term" in (result.violation or ""), result.violation
+        assert "in its body) still executing when term" in (result.violation or ""), (
+            result.violation
+        )
 
 
 def _seeds_with(kind: Kind, among: range) -> list[int]:
@@ -338,10 +340,14 @@ def test_tokens_from_the_clock_alone_are_caught_when_the_store_clock_steps_back(
     assert len(below) >= 5, [(r.seed, r.violation) for r in summary.failures]
 
 
+#: Seeds whose traces include watchdog kills (the parent's kill usually comes first).
+WATCHDOG_KILL_SEEDS = range(60)
+
+
 def test_the_watchdog_run_on_changes_kills_as_one_woken_every_interval_does(monkeypatch):
     """Passes only where something changed: the same kills, at the same instants."""
     with quiet_loggers():
-        lazy = [simulate(seed, full_trace=True) for seed in range(25)]
+        lazy = [simulate(seed, full_trace=True) for seed in WATCHDOG_KILL_SEEDS]
 
     init = Pool.__init__
 
@@ -361,13 +367,13 @@ def test_the_watchdog_run_on_changes_kills_as_one_woken_every_interval_does(monk
     monkeypatch.setattr(Pool, "_poke", lambda self: None)
     monkeypatch.setattr(Pool, "_plan_deadline", lambda self: None)
     with quiet_loggers():
-        polling = [simulate(seed, full_trace=True) for seed in range(25)]
+        polling = [simulate(seed, full_trace=True) for seed in WATCHDOG_KILL_SEEDS]
     kills = 0
     for one, other in zip(lazy, polling, strict=True):
         assert one.violation == other.violation
         assert one.trace == other.trace, one.seed
         kills += sum("watchdog kills" in line for line in one.trace)
-    assert kills > 10
+    assert kills >= 3, "the traces compared include the watchdog's kills"
 
 
 def test_judging_after_node_events_finds_what_judging_after_every_event_finds():

@@ -319,8 +319,14 @@ def test_a_slot_torn_by_a_killed_writer_still_shows_the_next_run_to_both_kill_la
 
 
 def test_a_slot_torn_for_good_by_a_live_writer_counts_as_a_run_of_every_term():
-    """A writer stopped mid-write: the guard waits for it, the watchdog ends it (fail closed)."""
+    """A writer stopped mid-write: the guard waits for it; it is not in a body, so none kills it.
+
+    The step-down's kill after the grace period ends it (every recorded run of
+    the term, whatever its policy).
+    """
     import struct
+
+    from celery_leader.term_end.in_worker import kill_recorded_runs
 
     shared = SharedLease()
     child = sleeper()
@@ -328,17 +334,41 @@ def test_a_slot_torn_for_good_by_a_live_writer_counts_as_a_run_of_every_term():
         record(shared, 2, child, 5)
         offset = 2 * len(shared.runs._slots) // RUN_SLOTS
         (seq,) = struct.unpack_from("=q", shared.runs._slots, offset)
-        struct.pack_into("=q", shared.runs._slots, offset + 8, child.pid)  # it writes its slot
-        struct.pack_into("=q", shared.runs._slots, offset, seq + 1)  # ... and stops mid-write
+        # It names itself (pid, start time, election) and stops mid-write.
+        struct.pack_into("=qqq", shared.runs._slots, offset + 8, child.pid, start_of(child), 0)
+        struct.pack_into("=q", shared.runs._slots, offset, seq + 1)
         assert [run.pid for run in shared.runs.running(3)] == [child.pid], "counts for any term"
         shared.publish(9, clock.now() + 60)
         shared.revoke(8)
-        assert enforce_deadlines(shared, os.getpid()) == [child.pid]
+        assert enforce_deadlines(shared, os.getpid()) == [], "nobody is killed for a slow write"
+        assert kill_recorded_runs(shared, 9, "still running after the grace") == [child.pid]
         assert child.wait(5) == -signal.SIGKILL
         assert shared.runs.running(9) == []
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_torn_slot_whose_pid_was_reused_by_a_stranger_holds_nothing_up():
+    """A writer that died mid-write, its pid reused by a process not ours: no run, no wait."""
+    import struct
+
+    shared = SharedLease()
+    offset = 3 * len(shared.runs._slots) // RUN_SLOTS
+    # pid 1 runs, but is no child of the worker; its start time is unknown here.
+    struct.pack_into("=qqq", shared.runs._slots, offset + 8, 1, 0, 0)
+    struct.pack_into("=q", shared.runs._slots, offset, 1)
+    shared.runs._occupied[3] = 1
+    assert shared.runs.slot(3) is None
+    assert shared.runs.running(2**62) == []
+
+
+def start_of(proc) -> int:
+    deadline = time.monotonic() + 5
+    while (started := procinfo.start_time(proc.pid)) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert started
+    return started
 
 
 def test_a_run_whose_start_time_is_unknown_still_ends_with_its_term():

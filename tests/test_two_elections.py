@@ -128,6 +128,8 @@ def test_ending_one_election_kills_and_hands_back_only_its_own_requests(monkeypa
         Request("reports", admitted=False),
         Request("reports"),  # admitted on receipt (a message with an expiry), not sent yet
     ]
+    record(billing.shared, 0, billing_child)  # each child registered its run
+    record(reports.shared, 1, reports_child)
     monkeypatch.setattr(coordinator_module.worker_state, "active_requests", set(running))
     monkeypatch.setattr(coordinator_module.worker_state, "reserved_requests", set(waiting))
     try:

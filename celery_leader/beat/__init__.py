@@ -13,6 +13,7 @@ does not load Celery's beat.
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -27,8 +28,11 @@ __all__ = ["TOKEN_HEADER", "BeatElection", "LeaderScheduler", "LeaderSchedulerMi
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from celery_leader.beat import scheduler  # noqa: PLC0415 - loaded on first use
-
+    """Every name of :mod:`celery_leader.beat.scheduler`, as when beat was one module."""
+    if name.startswith("__") or name in ("scheduler", "state", "unled"):
+        raise AttributeError(f"module 'celery_leader.beat' has no attribute {name!r}")
+    scheduler = import_module("celery_leader.beat.scheduler")  # loaded on first use
+    try:
         return getattr(scheduler, name)
-    raise AttributeError(f"module 'celery_leader.beat' has no attribute {name!r}")
+    except AttributeError:
+        raise AttributeError(f"module 'celery_leader.beat' has no attribute {name!r}") from None

@@ -6,9 +6,12 @@ publishes every change of term into the election's
 :class:`~celery_leader.elections.shared_lease.SharedLease` slot, so the
 places where work runs (pool children, the watchdog, the gate) see it:
 
-* **ELECTED**: ``before_elected`` runs first (the worker replaces a dead
-  watchdog there), then the term is published, then ``on_elected``;
-* **RENEWED**: the term's validity is extended (a revoked term stays revoked);
+* **ELECTED**: ``may_publish`` is asked first (the worker replaces a dead
+  watchdog there, and says no while none runs), then the term is published,
+  then ``on_elected``;
+* **RENEWED**: ``may_publish`` is asked again, then the term's validity is
+  extended (a revoked term stays revoked). A term not published, or not
+  extended, ends in shared memory at the validity last published;
 * **LOST / RELEASED**: the term is revoked in the slot at once and for good,
   then ``on_ended`` runs (the worker ends the term's work there).
 
@@ -47,14 +50,14 @@ class Election:
         holder: Holder,
         liveness: Callable[[], bool] | None = None,
         release_guard: Callable[[Term], bool] | None = None,
-        before_elected: Callable[[], None] | None = None,
+        may_publish: Callable[[], bool] | None = None,
         on_elected: EventCallback | None = None,
         on_ended: EventCallback | None = None,
         **manager_options: Any,
     ) -> None:
         self.name = shared.name
         self.shared = shared
-        self._before_elected = before_elected
+        self._may_publish = may_publish
         self._on_elected = on_elected
         self._on_ended = on_ended
         self.manager = LeaseManager(
@@ -71,14 +74,24 @@ class Election:
     def _on_event(self, event: LeaseEvent) -> None:
         token = event.term.token
         if event.kind is EventKind.ELECTED:
-            self._call(self._before_elected)
-            self.shared.publish(token, event.term.valid_until)
+            if self._allowed():
+                self.shared.publish(token, event.term.valid_until)
             self._call(self._on_elected, event)
         elif event.kind is EventKind.RENEWED:
-            self.shared.publish(token, event.term.valid_until)  # refused once revoked
+            if self._allowed():
+                self.shared.publish(token, event.term.valid_until)  # refused once revoked
         else:
             self.shared.revoke(token)
             self._call(self._on_ended, event)
+
+    def _allowed(self) -> bool:
+        if self._may_publish is None:
+            return True
+        try:
+            return bool(self._may_publish())
+        except Exception:
+            logger.exception("celery-leader: may_publish of election %r raised", self.name)
+            return False
 
     def _call(self, callback: Callable[..., None] | None, *args: Any) -> None:
         if callback is None:

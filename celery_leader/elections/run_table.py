@@ -26,15 +26,19 @@ kill, the parent's, a hard time limit, the OOM killer) leaves its slot torn:
 * the next writer of the slot starts from the next odd number whatever
   parity it finds, so its own record reads whole (a torn slot heals at the
   next write instead of hiding every later run of that pool index);
-* every writer names itself in the slot before it starts, so a reader that
-  finds a slot torn for good knows who tore it: a writer that is gone left
-  nothing running, and a writer that still runs (stopped mid-write) is
-  reported as a run of every term under ``terminate`` (:data:`EVERY_TERM`):
-  fail closed, the watchdog ends it with the first term that ends and the
-  release guard waits for it.
+* every writer names itself (pid, start time, election) in the slot before
+  it starts, so a reader that finds a slot torn for good knows who tore it.
+  A writer that is gone left nothing running. A writer that still runs is
+  inside :meth:`RunTable.enter` or :meth:`RunTable.leave`, before or after
+  a run's body and never in it (a run checks its term again after
+  ``enter``), so it is reported as a run of every term of its election
+  (:data:`EVERY_TERM`) that the release guard waits for, without the
+  ``terminate`` flag: nothing is killed for being slow to write.
 
 A run whose process start time could not be read is recorded with start
-time 0 and counts as running while its pid does (fail closed as well).
+time 0; it counts as running while its pid runs and is a child of the
+process that made the table (only pool children write), so a pid reused by
+an unrelated process is never taken for it.
 """
 
 from __future__ import annotations
@@ -42,7 +46,6 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-import time
 from typing import NamedTuple
 
 from celery_leader.elections import procinfo
@@ -53,21 +56,17 @@ RUN_SLOTS = 1024
 #: Kills remembered for the parent, newest last; older ones are overwritten.
 KILL_RING = 128
 
-_SLOT = struct.Struct("=qqqqqqq")  # sequence, writer, pid, token, flags, start time, election
+_SLOT = struct.Struct("=q3q5q")  # sequence, writer (3), pid, token, flags, start time, election
 _SEQ = struct.Struct("=q")
-_WRITER = struct.Struct("=q")  # at offset 8: the process writing (or that last wrote) the slot
+#: At offset 8: the process writing (or that last wrote) the slot: pid, start time, election.
+_WRITER = struct.Struct("=qqq")
 _BODY = struct.Struct("=qqqqq")  # at offset 16: pid, token, flags, start time, election
 _KILL = struct.Struct("=qqqq")  # pid, token, start time, election
 _HEAD = struct.Struct("=q")  # kills recorded so far
 _TERMINATE = 1
 _RETRIES = 1000
-#: Pauses between re-reads of a slot still torn after :data:`_RETRIES` fast reads,
-#: for a live writer that was only descheduled mid-write (1 ms each).
-_SLOW_RETRIES = 20
 #: The token of a run whose slot cannot be read: it counts as a run of every term.
 EVERY_TERM = 2**63 - 1
-#: The election of a run whose slot cannot be read: it counts for every election.
-EVERY_ELECTION = -1
 
 
 class Run(NamedTuple):
@@ -85,13 +84,19 @@ class Run(NamedTuple):
     started: int
     election: int = 0
 
-    def running(self) -> bool:
+    def running(self, owner_pid: int) -> bool:
         """True while the process named here still runs (and is the same process).
 
-        With its start time unknown (0), the pid alone decides: fail closed.
+        With its start time unknown (0), the pid must still run and be a
+        child of *owner_pid* (the worker's main process, which made the
+        table): fail closed, without taking a reused pid for the run.
         """
         if not self.started:
-            return self.pid > 0 and not procinfo.has_ended(self.pid)
+            return (
+                self.pid > 0
+                and not procinfo.has_ended(self.pid)
+                and procinfo.parent_of(self.pid) == owner_pid
+            )
         return procinfo.is_running(self.pid, self.started)
 
     def of_term(self, token: int, election: int | None = None) -> bool:
@@ -99,7 +104,7 @@ class Run(NamedTuple):
 
         With *election* None, the run's election is not looked at.
         """
-        if election is not None and self.election not in (election, EVERY_ELECTION):
+        if election is not None and self.election != election:
             return False
         return self.token <= token or self.token == EVERY_TERM
 
@@ -114,6 +119,9 @@ class RunTable:
         # instead of unpacking every slot (the watchdog reads 100 times a second).
         self._occupied = mmap.mmap(-1, RUN_SLOTS)
         self._kills = mmap.mmap(-1, _HEAD.size + _KILL.size * KILL_RING)
+        #: The process that made the table (the worker's main process): every
+        #: writer is its child.
+        self.owner_pid = os.getpid()
 
     # -- slots (each written by its own child) --------------------------------
 
@@ -126,7 +134,9 @@ class RunTable:
         (seq,) = _SEQ.unpack_from(self._slots, offset)
         # Odd whatever parity an earlier writer killed mid-write left behind.
         begin = seq + 1 if seq % 2 == 0 else seq + 2
-        _WRITER.pack_into(self._slots, offset + _SEQ.size, os.getpid())
+        _WRITER.pack_into(
+            self._slots, offset + _SEQ.size, os.getpid(), procinfo.own_start_time(), election
+        )
         _SEQ.pack_into(self._slots, offset, begin)  # odd: write in progress
         body_at = offset + _SEQ.size + _WRITER.size
         _BODY.pack_into(self._slots, body_at, pid, token, flags, started, election)
@@ -146,7 +156,7 @@ class RunTable:
     def _read(self, index: int) -> tuple[bool, Run | None]:
         """One read of slot *index*: (consistent, its run); not consistent mid-write."""
         offset = index * _SLOT.size
-        seq, _writer, pid, token, flags, started, election = _SLOT.unpack_from(self._slots, offset)
+        seq, *_writer, pid, token, flags, started, election = _SLOT.unpack_from(self._slots, offset)
         if seq % 2 or _SEQ.unpack_from(self._slots, offset)[0] != seq:
             return False, None
         if not pid:
@@ -157,19 +167,18 @@ class RunTable:
         """Slot *index*, read consistently; None when empty.
 
         A slot torn for good (see the module docstring) reads as None when
-        its writer is gone, and as a ``terminate`` run of :data:`EVERY_TERM`
-        in the writer's process while that process still exists.
+        its writer is gone, and as a run of :data:`EVERY_TERM` of the
+        writer's election, in the writer's process, while that process runs.
         """
-        for attempt in range(_RETRIES + _SLOW_RETRIES):
+        for _ in range(_RETRIES):
             consistent, found = self._read(index)
             if consistent:
                 return found
-            if attempt >= _RETRIES:
-                time.sleep(0.001)
-        (writer,) = _WRITER.unpack_from(self._slots, index * _SLOT.size + _SEQ.size)
-        if writer <= 0 or procinfo.has_ended(writer):
+        writer, started, election = _WRITER.unpack_from(self._slots, index * _SLOT.size + _SEQ.size)
+        run = Run(index, writer, EVERY_TERM, False, started, election)
+        if writer <= 0 or not run.running(self.owner_pid):
             return None  # killed mid-write: nothing runs under this slot
-        return Run(index, writer, EVERY_TERM, True, 0, EVERY_ELECTION)
+        return run
 
     def busy(self) -> list[Run]:
         """The slots in use (stale ones included), each read consistently.
@@ -197,7 +206,9 @@ class RunTable:
         return [
             run
             for run in self.busy()
-            if run.of_term(token, election) and run.pid != exclude_pid and run.running()
+            if run.of_term(token, election)
+            and run.pid != exclude_pid
+            and run.running(self.owner_pid)
         ]
 
     # -- kills (written by the watchdog) --------------------------------------

@@ -119,15 +119,14 @@ class Checker(Judge):
             self._newest = (token, name, now)
         for run in self._executing.values():
             if run.token < token:
-                where = "in its body" if run.in_body else "registering"
                 self.fail(
                     f"a run of term {run.token} (pid {run.child.pid} on {run.node}, since "
-                    f"{run.started_at:.6f}, {where}) still executing when term {token} "
+                    f"{run.started_at:.6f}, in its body) still executing when term {token} "
                     f"started on {name} at {now:.6f}"
                 )
 
     def on_run_start(self, run: SimRun, at: float) -> None:
-        """*run* passed its check before the body at *at*."""
+        """*run* passed its check after registering at *at*: its body starts."""
         token, name, since = self._newest
         if run.token < token:
             self.fail(

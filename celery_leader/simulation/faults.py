@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import enum
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from celery_leader.lease.timing import LeaseTiming
 from celery_leader.simulation.network import NetworkProfile
@@ -116,6 +116,8 @@ class Plan:
             parts.append(f"late {net.late:.0%}")
         if self.work.stall:
             parts.append(f"stalled writes {self.work.stall:.0%}")
+        if self.work.die_mid_write:
+            parts.append(f"children killed mid-write {self.work.die_mid_write:.0%}")
         return ", ".join(parts)
 
 
@@ -222,5 +224,7 @@ def draw(
         stall=rng.uniform(0.02, 0.2) if on() else 0.0,
         stall_max=ttl * 2,
     )
+    if on():  # drawn after the rest: earlier seeds keep what they drew
+        work = replace(work, die_mid_write=rng.uniform(0.02, 0.2))
     faults.sort(key=lambda fault: fault.at)
     return Plan(duration=length, network=network, nodes=setups, faults=faults, work=work)

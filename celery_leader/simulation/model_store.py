@@ -76,9 +76,10 @@ class Broken(str, enum.Enum):
     #: Tokens come from the store's clock alone (no counter): a clock that steps
     #: back hands out a token below an earlier one.
     CLOCK_ONLY_TOKENS = "clock-only-tokens"
-    #: The watchdog and the parent's kill skip run-table slots that read torn
-    #: (a child stopped while it writes its slot runs on past its term's end).
-    KILL_SKIPS_TORN_SLOTS = "kill-skips-torn-slots"
+    #: The run table before the fix: a slot a child left torn when it was killed
+    #: mid-write reads torn after every later write of its pool index, and the
+    #: kill layers skip it, so the next terminate runs there outlive their term.
+    TORN_SLOT_HIDES_RUNS = "torn-slot-hides-runs"
 
 
 @dataclass(frozen=True)

@@ -108,7 +108,7 @@ class Node:
         judge: Judge,
         new_pid: Callable[[], int],
         release_guard_ok: bool = True,
-        skip_torn: bool = False,
+        torn_slot_hides_runs: bool = False,
     ) -> None:
         self.name = name
         self.slot = slot
@@ -150,7 +150,7 @@ class Node:
             new_pid=new_pid,
             judge=judge,
             owner_pid=new_pid(),
-            skip_torn=skip_torn,
+            torn_slot_hides_runs=torn_slot_hides_runs,
         )
         shared.on_change = self.pool.on_shared_change
         # The unit the worker uses: the same publish and revoke of each term.

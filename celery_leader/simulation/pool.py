@@ -11,7 +11,11 @@ A node's leader work, as a prefork worker does it, on virtual time:
   writer first, then the body: torn in between), checks again, runs its body
   and empties its slot, as :mod:`celery_leader.term_end.in_run` and
   ``LeaderTaskMixin.__call__`` do. Every run is ``terminate`` (prefork's
-  default);
+  default). The checker judges a run from its body's start (after the
+  second check) to its end: nothing a run does before then can act;
+* **a child killed mid-write** (the OOM killer, a hard time limit) leaves
+  its slot torn; the next child of that pool index heals it at its first
+  write, as the run table's writer does;
 * **the watchdog** runs :func:`celery_leader.term_end.watchdog.past_deadline`
   (the real decision) over the table on the node's clock, every
   :data:`~celery_leader.term_end.watchdog.WATCH_INTERVAL` (on a grid of its
@@ -26,9 +30,14 @@ A node's leader work, as a prefork worker does it, on virtual time:
 
 The table is a model of :class:`~celery_leader.elections.run_table.RunTable`
 with the same reads: a slot torn by a writer that is gone reads empty, and a
-slot torn by a writer that still runs reads as a ``terminate`` run of
-:data:`~celery_leader.elections.run_table.EVERY_TERM` in
-:data:`~celery_leader.elections.run_table.EVERY_ELECTION` (fail closed). Its
+slot torn by a writer that still runs reads as a run of
+:data:`~celery_leader.elections.run_table.EVERY_TERM` of the writer's
+election, without the ``terminate`` flag (the writer is before or after its
+body, never in it): the release guard waits for it, nothing kills it. The
+deliberately broken variant (:attr:`~.model_store.Broken.TORN_SLOT_HIDES_RUNS`)
+is the table before the fix: a slot left torn by a dead writer reads torn
+after every later write too (the writer kept the inverted parity), and the
+kill layers and the guard skip what they cannot read. Its
 slots are Python objects, not shared memory, and processes are pids of this
 model, not of the host: real pids and ``/proc`` are per host, and here every
 node lives in one process.
@@ -43,10 +52,8 @@ first instant past the validity of a term the table shows a run of.
 Modelled simplifications: the parent's half that kills the requests it saw
 start (``kill_runs``) is left out, so the parent kills fewer here (the table
 half covers those children, and the ones the parent has not heard from
-yet); a torn slot is read torn at once, where the real read retries for
-about 20 ms first (stops mid-write last 50 ms or more here, so the read
-would find the slot torn all the same, that much later: well within the
-margin).
+yet); a torn slot is read torn at once, where the real read retries a
+thousand times first.
 
 The children of a main process that crashed stop with it, at once: Celery's
 prefork children ask the kernel to SIGKILL them when their parent dies
@@ -63,7 +70,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from celery_leader.elections.run_table import EVERY_ELECTION, EVERY_TERM, Run
+from celery_leader.elections.run_table import EVERY_TERM, Run
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.simulation.scheduler import Owner, Scheduler
 from celery_leader.simulation.trace import Trace
@@ -89,6 +96,9 @@ class WorkProfile:
     #: cgroup, the scheduler), leaving its slot torn until it resumes.
     stall: float = 0.0
     stall_max: float = 0.0
+    #: Share of runs whose child is killed while it empties its slot (the OOM
+    #: killer, a hard time limit), leaving the slot torn by a dead writer.
+    die_mid_write: float = 0.0
 
 
 class Child:
@@ -124,11 +134,14 @@ class SimRun:
 
 
 class _Slot:
-    __slots__ = ("run", "torn", "writer")
+    __slots__ = ("election", "inverted", "run", "torn", "writer")
 
     def __init__(self) -> None:
         self.writer = 0
+        self.election = 0
         self.torn = False
+        #: Broken variant only: a dead writer left the parity inverted for good.
+        self.inverted = False
         self.run: Run | None = None
 
 
@@ -137,29 +150,39 @@ Running = Callable[[int, int], bool]
 
 
 class RunTableModel:
-    """The run table's slots and reads (see the module docstring); one writer per slot."""
+    """The run table's slots and reads (see the module docstring); one writer per slot.
 
-    def __init__(self, size: int) -> None:
+    With *broken*, the table before the fix: a writer that finds the slot
+    torn by a dead writer keeps the inverted parity (its own writes read
+    torn), and a torn slot reads as nothing at all.
+    """
+
+    def __init__(self, size: int, *, broken: bool = False) -> None:
         self._slots = [_Slot() for _ in range(size)]
+        self._broken = broken
 
-    def begin_write(self, index: int, writer: int) -> None:
+    def begin_write(self, index: int, writer: int, election: int = 0) -> None:
         """The writer names itself and starts its write: the slot is torn until it ends."""
         slot = self._slots[index]
-        slot.writer, slot.torn = writer, True
+        if self._broken and slot.torn:
+            slot.inverted = True  # the parity a dead writer left, kept by every later write
+        slot.writer, slot.election, slot.torn = writer, election, True
 
     def end_write(self, index: int, run: Run | None) -> None:
-        """The write ends: the slot holds *run* (None: empty), whole."""
+        """The write ends: the slot holds *run* (None: empty), whole (broken: torn for good)."""
         slot = self._slots[index]
-        slot.run, slot.torn = run, False
+        slot.run, slot.torn = run, slot.inverted
 
     def slot(self, index: int, running: Running) -> Run | None:
-        """As :meth:`RunTable.slot`: torn by a live writer, a run of every term and election."""
+        """As :meth:`RunTable.slot`: torn by a live writer, a run of every term of its election."""
         slot = self._slots[index]
         if not slot.torn:
             return slot.run
+        if self._broken:
+            return None  # before the fix: a sentinel every reader skipped
         if slot.writer <= 0 or not running(slot.writer, 0):
             return None  # killed mid-write: nothing runs under this slot
-        return Run(index, slot.writer, EVERY_TERM, True, 0, EVERY_ELECTION)
+        return Run(index, slot.writer, EVERY_TERM, False, 0, slot.election)
 
     def busy(self, running: Running) -> list[Run]:
         """Every slot in use, stale ones included."""
@@ -187,7 +210,7 @@ class Judge:
     """What the pool tells the checker (see :class:`~.checker.Checker`)."""
 
     def on_run_start(self, run: SimRun, at: float) -> None:
-        """*run* passed its check before the body at *at*."""
+        """*run* passed its check after registering at *at*: its body starts."""
 
     def on_run_end(self, run: SimRun, at: float) -> None:
         """*run* ended at *at* (by itself, or its child died)."""
@@ -212,7 +235,7 @@ class Pool:
         new_pid: Callable[[], int],
         judge: Judge,
         owner_pid: int,
-        skip_torn: bool = False,
+        torn_slot_hides_runs: bool = False,
     ) -> None:
         self._node = node
         self.name = name
@@ -226,9 +249,8 @@ class Pool:
         self._new_pid = new_pid
         self._judge = judge
         self.owner_pid = owner_pid
-        #: The deliberately broken kill layers (:attr:`~.model_store.Broken.KILL_SKIPS_TORN_SLOTS`).
-        self._skip_torn = skip_torn
-        self.table = RunTableModel(POOL_SIZE)
+        #: The table before the fix (:attr:`~.model_store.Broken.TORN_SLOT_HIDES_RUNS`).
+        self.table = RunTableModel(POOL_SIZE, broken=torn_slot_hides_runs)
         self._children: dict[int, Child] = {}
         self._by_index: list[Child] = [self._spawn(index) for index in range(POOL_SIZE)]
         self._runs = 0
@@ -320,10 +342,7 @@ class Pool:
         if not self.shared.valid_for(run.token, now=self._local_now()):
             child.run = None  # the check before the body: handed back, never ran
             return
-        run.executing = True
-        run.started_at = self._sched.now
-        self._judge.on_run_start(run, self._sched.now)
-        self.table.begin_write(child.index, child.pid)
+        self.table.begin_write(child.index, child.pid, self.shared.election)
         profile = self._profile
         if profile.stall and self._rng.random() < profile.stall:
             stop = self._rng.uniform(0.05, profile.stall_max)
@@ -350,7 +369,9 @@ class Pool:
         if not self.shared.valid_for(run.token, now=self._local_now()):
             self._leave(run)  # revoked while it registered: stopped before its body
             return
-        run.in_body = True
+        run.in_body = run.executing = True
+        run.started_at = self._sched.now
+        self._judge.on_run_start(run, self._sched.now)
         profile, rng = self._profile, self._rng
         longest = profile.long_max if rng.random() < profile.long_share else profile.short_max
         self._sched.at(
@@ -363,19 +384,21 @@ class Pool:
 
     def _leave(self, run: SimRun) -> None:
         child = run.child
-        self.table.begin_write(child.index, child.pid)
+        self.table.begin_write(child.index, child.pid, self.shared.election)
+        if run.executing and self._rng.random() < self._profile.die_mid_write:
+            self._end(run)  # its body ended; the kill lands while it empties its slot
+            self.kill(child, "the OOM killer, mid-write")
+            return
         self.table.end_write(child.index, None)
         child.run = None
-        self._end(run)
+        if run.executing:
+            self._end(run)
 
     def _end(self, run: SimRun) -> None:
         run.executing = False
         self._judge.on_run_end(run, self._sched.now)
 
     # -- the kill layers ----------------------------------------------------------------
-
-    def _skips(self, run: Run) -> bool:
-        return self._skip_torn and run.token == EVERY_TERM
 
     def parent_kill(self, token: int, why: str) -> None:
         """On LOST or RELEASED: kill the ``terminate`` runs the table shows of *token* or older."""
@@ -384,7 +407,7 @@ class Pool:
         )
         for run in runs:
             child = self._children.get(run.pid)
-            if run.terminate and child is not None and not self._skips(run):
+            if run.terminate and child is not None:
                 self.kill(child, f"parent ({why})")
 
     def work_stopped(self, token: int) -> bool:
@@ -430,8 +453,6 @@ class Pool:
         now = self._local_now()
         group = self.shared.group
         for run in self.table.busy(self._running):
-            if self._skips(run):
-                continue
             if (run.pid, run.started) in self._done or not past_deadline(group, run, now=now):
                 continue
             child = self._children.get(run.pid)

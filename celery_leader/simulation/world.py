@@ -135,7 +135,7 @@ class World:
             judge=self.checker,
             new_pid=self._new_pid,
             release_guard_ok=setup.release_guard_ok,
-            skip_torn=self.store.broken is Broken.KILL_SKIPS_TORN_SLOTS,
+            torn_slot_hides_runs=self.store.broken is Broken.TORN_SLOT_HIDES_RUNS,
         )
         self.all_nodes.append(node)
         self.slots[slot] = node

@@ -55,7 +55,11 @@ class LeaderTaskMixin:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run under the lease: a last check in the pool child, then the task body."""
         request = self.request  # type: ignore[attr-defined]
-        name = default_name(self.app.conf, self.app.main)  # type: ignore[attr-defined]
+        # The election the gate admitted the run under; the app's for eager runs.
+        name = getattr(request, "leader_election", None) or default_name(
+            self.app.conf,  # type: ignore[attr-defined]
+            self.app.main,  # type: ignore[attr-defined]
+        )
         if request.is_eager or request.called_directly:
             # Eager runs hold no lease, unless a test forced one (celery_leader.testing):
             # then they see its token, and LeaseLost reaches the caller as it is.

@@ -7,9 +7,8 @@ change here:
 
 1. **revoke** the term in shared memory, for good (runs and buffered jobs
    see it at once);
-2. **kill** the ``terminate`` runs of the term: every such request whose
-   pool child is alive, and every run the run table records (runs the
-   parent has not seen start; a slot it cannot read names its writer);
+2. **kill** the ``terminate`` runs of the term the run table shows: the
+   requests the parent saw start, and the runs it has not seen start yet;
 3. **hand back** the leader messages of the election that never reached the
    pool (on the loop thread);
 4. on a step-down or a warm shutdown, give the other runs
@@ -248,14 +247,21 @@ class TermEnd:
         except SnapshotError:
             logger.exception("celery-leader: cannot list runs; the watchdog stops them")
         else:
-            # Every terminate run of the term whose child is alive, whatever the
-            # run table says: the table is the watchdog's view, and a slot it
-            # cannot read must not spare a run here too. A child that already
-            # finished (its result on its way) loses nothing: its result was sent.
+            # The terminate runs whose child the run table shows in a run of this
+            # term (a slot it cannot read included): a child that finished its run
+            # and took other work (the parent lagging, or -O fast) is left alone.
+            # The table holds every run's body: a run registers before its body
+            # and checks its term again after.
+            in_term = {
+                run.pid
+                for run in self.shared.runs.running(
+                    token, exclude_pid=self.shared.owner_pid, election=self.shared.election
+                )
+            }
             doomed = [
                 r
                 for r in runs
-                if self._policy_for(r.task) is OnLoss.TERMINATE and not self.process_gone(r)
+                if self._policy_for(r.task) is OnLoss.TERMINATE and r.worker_pid in in_term
             ]
             kill_runs(doomed, "lease lost")
             # And runs the parent has not seen start, from the run table.

@@ -26,9 +26,10 @@ def past_deadline(group: SharedLeases, run: Run, *, now: float | None = None) ->
 
     The watchdog's decision, without I/O: *run* is judged against its own
     election's slot in *group*; a run of an election the group does not
-    know, or whose slot could not be read (``EVERY_ELECTION``), is never
-    valid. *now* is the lease-clock time to judge at (default: the
-    lease clock; the simulation passes its virtual clock).
+    know is never valid (a slot that cannot be read is not a ``terminate``
+    run: its writer is before or after a body, never in it). *now* is the
+    lease-clock time to judge at (default: the lease clock; the simulation
+    passes its virtual clock).
     """
     if not run.terminate or run.pid <= 0:
         return False
@@ -58,7 +59,7 @@ def enforce_deadlines(
     for run in group.runs.busy():
         if (run.pid, run.started) in done or not past_deadline(group, run):
             continue
-        if run.running() and parent_of(run.pid) == worker_pid:
+        if run.running(worker_pid) and parent_of(run.pid) == worker_pid:
             group.runs.record_kill(run)  # before the kill: the parent may see the death first
             with suppress(ProcessLookupError):
                 os.kill(run.pid, signal.SIGKILL)

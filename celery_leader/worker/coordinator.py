@@ -100,7 +100,7 @@ class Coordinator:
             holder=Holder.for_this_process(nodename),
             liveness=self.is_live,
             release_guard=self._work_stopped,
-            before_elected=self.watchdog_alive,
+            may_publish=self.watchdog_alive,
             on_elected=self._on_elected,
             on_ended=self._on_ended,
         )
@@ -277,23 +277,27 @@ class Coordinator:
             return False
         logger.warning(describe_parking(request))
         qos = getattr(self.consumer, "qos", None)
-        if qos is not None:
-            qos.increment_eventually()  # the copy must not hold a prefetch slot meanwhile
+        if qos is not None and qos.increment_eventually():
+            # The copy must not hold a prefetch slot meanwhile; the slot goes back
+            # to this same consumer's count (a reconnect makes a new one).
+            request.leader_parked_qos = qos
         return False
 
-    def run_settled(self, request: Any, *, completed: bool) -> None:
+    def run_settled(self, request: Any, outcome: str) -> None:
         """The run of *request* ended (any thread): settle the copies that waited for it."""
-        copies = self.redeliveries.settle(request, completed=completed)
+        copies = self.redeliveries.settle(request, outcome)
         if copies:
             self.post(
                 lambda: release_copies(
-                    copies, completed=completed, redispatch=self._redispatch, unpark=self._unpark
+                    copies, outcome, redispatch=self._redispatch, unpark=self._unpark
                 )
             )
 
-    def _unpark(self) -> None:
-        qos = getattr(self.consumer, "qos", None)
+    @staticmethod
+    def _unpark(request: Any) -> None:
+        qos = getattr(request, "leader_parked_qos", None)
         if qos is not None:
+            request.leader_parked_qos = None
             qos.decrement_eventually()
 
     def _redispatch(self, request: Any) -> None:

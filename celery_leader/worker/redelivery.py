@@ -9,16 +9,25 @@ outlasts the timeout again would loop for ever.
 
 The leader is the only consumer of its queue and knows what it runs. For
 every ``acks_late`` leader message it hands to the pool, this module keeps
-the task id until the run settles. A message whose task id:
+the message's identity until the run settles: its task id and its delivery
+tag, which kombu's transports with a visibility timeout (Redis, SQS) give a
+message when it is published and keep when they deliver it again. A
+message delivered again (the same task id and tag) whose earlier delivery:
 
 * **runs here now** is *parked*: not run, not acknowledged, and not counted
   against the prefetch limit (as Celery does for ETA messages), so other
   leader work keeps flowing. When the run settles, each parked copy is
-  acknowledged without running if the run completed, and goes through the
-  gate again otherwise (the run failed, was killed, or was handed back):
-  at most one copy then runs, the others park behind it;
-* **completed here recently** (the last :data:`REMEMBERED` ids) is
-  acknowledged without running.
+  acknowledged without running if the run **completed** (returned) or was
+  **superseded** (it retried, was replaced, ignored or rejected its
+  message: what comes next has a message of its own), and goes through the
+  gate again if the run **failed** (raised, timed out, was killed, or was
+  handed back): at most one copy then runs, the others park behind it;
+* **completed or was superseded here recently** (the last
+  :data:`REMEMBERED` messages) is acknowledged without running.
+
+Another message under the same task id (a retry, a replacement, or one sent
+again on purpose) has a delivery tag of its own, and runs as any message
+does.
 
 Assumptions and limits: the record is in the worker's main process only.
 A copy that reaches another worker (after a failover, or a restart of this
@@ -45,11 +54,19 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-#: How many completed task ids each worker remembers, newest kept.
+#: How many settled messages each worker remembers, newest kept.
 REMEMBERED = 4096
 
 #: What the gate does with a message: run it, park it, or drop it (acknowledged, not run).
 RUN, PARK, DROP = "run", "park", "drop"
+#: How a run settled: the copies that waited are dropped after the first two, run after the last.
+COMPLETED, SUPERSEDED, FAILED = "completed", "superseded", "failed"
+
+
+def message_key(request: Any) -> tuple[str, Any]:
+    """What names one message across its deliveries: (task id, delivery tag)."""
+    message = getattr(request, "_message", None)
+    return request.id, getattr(message, "delivery_tag", None)
 
 
 class Redeliveries:
@@ -57,41 +74,41 @@ class Redeliveries:
 
     def __init__(self, remembered: int = REMEMBERED) -> None:
         self._lock = threading.Lock()
-        self._running: dict[str, weakref.ref[Any]] = {}
-        self._parked: dict[str, list[Any]] = {}
-        self._completed: OrderedDict[str, None] = OrderedDict()
+        self._running: dict[tuple[str, Any], weakref.ref[Any]] = {}
+        self._parked: dict[tuple[str, Any], list[Any]] = {}
+        self._done: OrderedDict[tuple[str, Any], None] = OrderedDict()
         self._remembered = remembered
 
     def admit(self, request: Any) -> str:
         """:data:`RUN` (now recorded as running), :data:`PARK` (kept here) or :data:`DROP`."""
-        task_id = request.id
+        key = message_key(request)
         with self._lock:
-            if task_id in self._completed:
+            if key in self._done:
                 return DROP
-            ref = self._running.get(task_id)
+            ref = self._running.get(key)
             original = ref() if ref is not None else None
             if original is not None and original is not request and not _settled(original):
-                self._parked.setdefault(task_id, []).append(request)
+                self._parked.setdefault(key, []).append(request)
                 return PARK
-            self._running[task_id] = weakref.ref(request)
+            self._running[key] = weakref.ref(request)
             return RUN
 
-    def settle(self, request: Any, *, completed: bool) -> list[Any]:
-        """The run of *request* ended; returns the copies that waited for it (now released).
+    def settle(self, request: Any, outcome: str) -> list[Any]:
+        """The run of *request* ended (*outcome*); returns the copies that waited for it.
 
         Idempotent: a second report of the same run returns nothing.
         """
-        task_id = request.id
+        key = message_key(request)
         with self._lock:
-            ref = self._running.get(task_id)
+            ref = self._running.get(key)
             if ref is None or ref() is not request:
                 return []
-            del self._running[task_id]
-            if completed:
-                self._completed[task_id] = None
-                while len(self._completed) > self._remembered:
-                    self._completed.popitem(last=False)
-            return self._parked.pop(task_id, [])
+            del self._running[key]
+            if outcome != FAILED:
+                self._done[key] = None
+                while len(self._done) > self._remembered:
+                    self._done.popitem(last=False)
+            return self._parked.pop(key, [])
 
     def parked(self) -> int:
         """How many copies wait for a run."""
@@ -106,10 +123,10 @@ def _settled(request: Any) -> bool:
 
 def release_copies(
     copies: list[Any],
+    outcome: str,
     *,
-    completed: bool,
     redispatch: Callable[[Any], None],
-    unpark: Callable[[], None],
+    unpark: Callable[[Any], None],
 ) -> None:
     """Settle the copies that waited for a run: acknowledge them, or send them to the gate again.
 
@@ -117,16 +134,17 @@ def release_copies(
     *redispatch* hands a copy to the worker again (loop thread).
     """
     for copy in copies:
-        unpark()
-        if completed:
-            logger.info(
-                "celery-leader: %s was delivered again while it ran; its run completed, so the "
-                "copy is acknowledged without running",
-                copy.humaninfo(),
-            )
-            copy.acknowledge()
-        else:
+        unpark(copy)
+        if outcome == FAILED:
             redispatch(copy)
+            continue
+        logger.info(
+            "celery-leader: %s was delivered again while it ran; its run %s, so the copy is "
+            "acknowledged without running",
+            copy.humaninfo(),
+            outcome,
+        )
+        copy.acknowledge()
 
 
 def describe_parking(request: Any) -> str:
@@ -134,7 +152,7 @@ def describe_parking(request: Any) -> str:
     return (
         f"celery-leader: {request.humaninfo()} was delivered again while it runs here (the "
         "broker's visibility timeout passed); the copy waits for that run and runs only if "
-        "the run does not complete"
+        "the run fails"
     )
 
 

@@ -28,6 +28,7 @@ from celery_leader.tasks import leader_queue_for
 from celery_leader.tasks.runtime import shared_lease
 from celery_leader.term_end.in_worker import ended_by_term, settle_stopped_run
 from celery_leader.worker.coordinator import current_coordinator
+from celery_leader.worker.redelivery import COMPLETED, FAILED, SUPERSEDED
 
 #: Message properties carried over when a message is re-routed.
 _KEPT_PROPERTIES = ("correlation_id", "reply_to", "priority", "expiration")
@@ -63,6 +64,16 @@ def _called_from(frame: FrameType | None, function: str) -> bool:
     The caller's name is what both versions share.
     """
     return frame is not None and frame.f_code.co_name == function
+
+
+def _hands_on(exc: Any) -> bool:
+    """True for the exceptions by which a task hands its message on instead of failing."""
+    from billiard.einfo import ExceptionWithTraceback  # noqa: PLC0415 - Celery's own
+    from celery.exceptions import Ignore, Reject, Retry  # noqa: PLC0415
+
+    if isinstance(exc, ExceptionWithTraceback):  # not getattr(exc, "exc"): Retry has one too
+        exc = exc.exc
+    return isinstance(exc, (Retry, Ignore, Reject))
 
 
 class LeaderRequest(Request):  # type: ignore[misc]
@@ -103,24 +114,25 @@ class LeaderRequest(Request):  # type: ignore[misc]
         replaces ``on_success`` without calling it, so the failure paths are
         the ones marked.)
         """
+        # Settled first: a copy admitted in between must still find the run.
+        self._run_settled(self.leader_outcome or COMPLETED)
         super().acknowledge()
-        self._run_settled(completed=not self.leader_failed)
 
     def reject(self, requeue: bool = False) -> None:
         """Reject the message; for a run, settle the copies that waited for it."""
+        self._run_settled(self.leader_outcome or FAILED)
         super().reject(requeue)
-        self._run_settled(completed=False)
 
     def on_timeout(self, soft: bool, timeout: float) -> Any:
         """A hard time limit ends the run as a failure."""
         if not soft:
-            self.leader_failed = True
+            self.leader_outcome = FAILED
         return super().on_timeout(soft, timeout)
 
-    def _run_settled(self, *, completed: bool) -> None:
+    def _run_settled(self, outcome: str) -> None:
         coordinator = current_coordinator()
         if coordinator is not None and self.leader_dispatched:
-            coordinator.run_settled(self, completed=completed)
+            coordinator.run_settled(self, outcome)
 
     def hand_back(self, why: str) -> None:
         """Return the message to the broker for the leader; forget it here.
@@ -151,23 +163,25 @@ class LeaderRequest(Request):  # type: ignore[misc]
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> Any:
         """A run stopped because its term ended is handed back, not recorded as FAILURE."""
-        self.leader_failed = True
+        exc = getattr(exc_info, "exception", None)
+        # Retry, Ignore (also Task.replace) and Reject: the run handed its message
+        # on; what follows has a message of its own. Anything else failed.
+        self.leader_outcome = SUPERSEDED if _hands_on(exc) else FAILED
         try:
-            exc = getattr(exc_info, "exception", None)
             if exc is None or not ended_by_term(self, exc, shared_lease(self.leader_election)):
                 return super().on_failure(exc_info, send_failed_event, return_ok)
             task_ready(self)
             settle_stopped_run(self)
             return None
         finally:
-            self._run_settled(completed=False)  # also when the message stays unacknowledged
+            self._run_settled(self.leader_outcome)  # also when the message stays unacknowledged
 
     #: Set when the parent killed this run because its term ended.
     leader_killed = False
     #: Set when the gate handed this request to the pool.
     leader_dispatched = False
-    #: Set when its run failed (raised, timed out, or its process was lost).
-    leader_failed = False
+    #: How its run settled, once it failed or handed its message on (None: it returned).
+    leader_outcome: str | None = None
 
     @property
     def leader_token(self) -> Any:

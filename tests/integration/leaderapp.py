@@ -311,3 +311,14 @@ def tear_own_slot(self):
     struct.pack_into("=q", table._slots, offset + 8, os.getpid())
     struct.pack_into("=q", table._slots, offset, seq + 1 if seq % 2 == 0 else seq + 2)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+@leader_only(on_loss="terminate")
+@app.task(bind=True, max_retries=1)
+def long_retry(self, seconds):
+    """Runs *seconds*, then retries once at once: two runs in all, each past the timeout."""
+    record("start", self, pid=os.getpid(), retries=self.request.retries)
+    time.sleep(seconds)
+    if self.request.retries < 1:
+        raise self.retry(countdown=0)
+    record("end", self)

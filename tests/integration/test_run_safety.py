@@ -116,3 +116,20 @@ def test_a_run_longer_than_the_visibility_timeout_runs_once(cluster_for):
     assert broker.llen(leader_queue(cluster)) == 0
     assert broker.hlen("unacked") == 0, "a copy was left unacknowledged"
     assert "runs longer than" in worker.text() or "visibility" in worker.text()
+
+
+@pytest.mark.slow
+def test_a_long_run_that_retries_runs_once_per_try(cluster_for):
+    """A copy delivered while a run retries is dropped: the retry's own message runs, once."""
+    cluster = cluster_for("redis")
+    (worker,) = cluster.start(1)
+    assert cluster.leader_worker() is worker
+    task_id = cluster.send("long_retry", 6, queue=leader_queue(cluster)).id
+    rows = cluster.wait_history(lambda r: any(x["task_id"] == task_id for x in runs(r, "end")), 30)
+    time.sleep(6)  # a copy restored again would start by now
+    rows = cluster.history()
+    starts = [x for x in runs(rows) if x["task_id"] == task_id]
+    assert [x["retries"] for x in starts] == [0, 1], starts
+    broker = cluster.data.client()
+    assert broker.llen(leader_queue(cluster)) == 0
+    assert broker.hlen("unacked") == 0, "a copy was left unacknowledged"
