@@ -150,6 +150,9 @@ def test_failover_back_to_a_node_that_missed_the_renewals_holds_off(tmp_path, st
         # Failover back, while A can still reach P2 (a partition): P1 is promoted
         # again, then A renews on P2, which is lost afterwards. P1 never sees it.
         p1.client().replicaof("no", "one")
+        # Late in A's term, so that B's acquire on P1 (when P1's copy of the
+        # lease expires) certainly falls within the validity A renewed on P2.
+        time.sleep(ttl * 0.4)
         assert on_p2.renew(NAME, a.lease_id, ttl)  # A now trusts its lease until ~ttl from here
         renewed = time.monotonic()
         p2.stop()
