@@ -138,7 +138,7 @@ compat_prepare() {
 }
 
 # The compat subset in every compat venv, all runs at once: each mostly waits on its
-# workers. Each run takes its own share of the free ports (tests/servers.py), and the
+# workers. Each run takes its own share of the free ports (harness/servers.py), and the
 # machine's RabbitMQ on a virtual host of its own; its output is shown whole, in order.
 compat_tests() {
   local status=0 index label runs pids=() labels=()

@@ -21,7 +21,7 @@ from celery_leader.lease import LeaseManager
 from celery_leader.lease.timing import LeaseTiming
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
-from tests.servers import AzuriteServer
+from harness.servers import AzuriteServer
 
 TTL = 15.0
 

@@ -63,7 +63,7 @@ import celery
 import redis
 
 from benchmarks.stats import spread, to_json
-from tests.servers import RedisServer
+from harness.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

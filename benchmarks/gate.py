@@ -21,7 +21,7 @@ from pathlib import Path
 from celery import Celery
 
 from celery_leader import leader_only
-from tests.servers import RedisServer
+from harness.servers import RedisServer
 
 
 def make_app(url: str) -> tuple[Celery, dict[str, object]]:

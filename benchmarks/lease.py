@@ -30,7 +30,7 @@ from benchmarks.swarm import swarm
 from celery_leader.demo.group import NodeGroup
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
-from tests.servers import RedisServer
+from harness.servers import RedisServer
 
 
 def warm(url: str, name: str) -> None:

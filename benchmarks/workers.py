@@ -50,8 +50,8 @@ import redis
 
 from benchmarks.stats import spread
 from celery_leader.elections.procinfo import has_ended
-from tests.chaos.proxy import FaultProxy
-from tests.integration.conftest import Cluster
+from harness.cluster import Cluster
+from harness.proxy import FaultProxy
 
 
 def _dir(path: Path) -> Path:

@@ -10,19 +10,19 @@ import pytest
 
 from celery_leader.stores import open_store
 from celery_leader.stores.base import LeaseStore
-from tests.servers import RedisServer
+from harness.servers import RedisServer
 from tests.store_matrix import QUICK, STORES, RunningStore
 
 #: Files whose tests must stay on one pytest-xdist worker: they share a module-scoped
 #: fixture (started once per worker that runs them), or write the same files.
 XDIST_GROUPS = {
     "tests/integration/test_example_project.py": "example_project",  # its workers
-    "tests/test_django_beat_state.py": "django",  # Django, configured once a process
-    "tests/test_install.py": "install",  # each builds a wheel in the source tree
+    "tests/beat/test_django_beat_state.py": "django",  # Django, configured once a process
+    "tests/package/test_install.py": "install",  # each builds a wheel in the source tree
     # The demo's tests find its processes by listing the machine's; the election tests
     # run the demo's lease nodes, which those listings would see.
     "tests/test_demo.py": "demo_processes",
-    "tests/test_election.py": "demo_processes",
+    "tests/lease/test_election.py": "demo_processes",
 }
 
 #: Tests (node id prefixes) that bound a time tightly enough that the load of other
@@ -35,8 +35,8 @@ SERIAL = (
     "tests/integration/test_workers.py::test_step_down_hands_over_without_loss",
     "tests/stores/test_azure_blob.py::test_one_leader_and_immediate_handover_on_release",
     "tests/stores/test_redis_faults.py::test_acquire_with_lost_reply_is_adopted",
-    "tests/test_lease_deadlines.py::test_bounded_caller_returns_on_time_while_the_call_hangs",
-    "tests/test_term_end.py::test_watchdog_process_ends_runs_and_exits_with_its_worker",
+    "tests/lease/test_lease_deadlines.py::test_bounded_caller_returns_on_time_while_the_call_hangs",
+    "tests/term_end/test_term_end.py::test_watchdog_process_ends_runs_and_exits_with_its_worker",
 )
 
 

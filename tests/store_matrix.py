@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from celery_leader.stores.memory import reset_memory_stores
-from tests.servers import AzuriteServer, RedisServer
+from harness.servers import AzuriteServer, RedisServer
 
 
 @dataclass

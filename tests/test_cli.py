@@ -18,7 +18,7 @@ import celery_leader
 from celery_leader import cli
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
-from tests.servers import RedisServer, free_port
+from harness.servers import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "s3cretpw"

@@ -72,7 +72,7 @@ def test_quick_demo_shows_failover_and_handover():
 @pytest.mark.slow
 def test_demo_on_redis_honours_ttl_with_quick_and_drops_the_footnote(tmp_path):
     """`--broker redis://... --quick --ttl 2.5`: the given ttl is used, no filesystem footnote."""
-    from tests.servers import RedisServer
+    from harness.servers import RedisServer
 
     before = demo_processes()
     server = RedisServer(tmp_path).start()
@@ -116,7 +116,7 @@ def test_lease_only_demo_runs_without_celery():
 @pytest.mark.slow
 def test_demo_without_a_leader_shows_the_worker_logs_and_keeps_them():
     """A broker nobody answers: the demo shows each log's tail, keeps the logs, exits 1."""
-    from tests.servers import free_port
+    from harness.servers import free_port
 
     before = demo_processes()
     proc = run_demo("--quick", "--ttl", "1", "--broker", f"redis://127.0.0.1:{free_port()}/0")

@@ -11,7 +11,7 @@ from celery_leader.exceptions import StaleTokenError
 from celery_leader.fencing import KEY_PREFIX, RedisFence
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
-from tests.servers import RedisServer
+from harness.servers import RedisServer
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""tests.servers.RabbitMQServer: a private node whose restart keeps durable data."""
+"""harness.servers.RabbitMQServer: a private node whose restart keeps durable data."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from kombu import Connection, Exchange, Queue
 
-from tests.servers import RabbitMQServer
+from harness.servers import RabbitMQServer
 
 
 @pytest.fixture

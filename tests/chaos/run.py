@@ -11,7 +11,7 @@ lease Redis empty, pausing it past the ttl, cutting one worker off the store
 longer than the Redis broker's visibility timeout (the broker delivers it
 again while it runs; every other long run stays shorter than the timeout), and
 restarting the broker with its messages: the Redis broker with its
-append-only file, or a private RabbitMQ node (tests.servers.RabbitMQServer,
+append-only file, or a private RabbitMQ node (harness.servers.RabbitMQServer,
 never the machine's) with its data dir, so durable queues keep their
 persistent messages. The first faults are every kind once, in a seeded
 order, so even a short run restarts the broker; then the kinds are drawn at
@@ -57,10 +57,10 @@ from celery_leader import install
 from celery_leader.elections.procinfo import has_ended
 from celery_leader.exceptions import StoreError
 from celery_leader.stores import open_store
+from harness.cluster import ROOT, TASKS, Worker
+from harness.proxy import FaultProxy
+from harness.servers import RabbitMQServer, RedisServer
 from tests.chaos.checker import Freeze, Summary, check
-from tests.chaos.proxy import FaultProxy
-from tests.integration.conftest import ROOT, TASKS, Worker
-from tests.servers import RabbitMQServer, RedisServer
 
 #: The Redis broker's visibility timeout, seconds: above the long runs of three ttls
 #: (6 s), so that only the fault made for it outlasts it.

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from tests.servers import AzuriteServer
+from harness.servers import AzuriteServer
 
 TTL = 15
 

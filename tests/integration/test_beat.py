@@ -154,7 +154,7 @@ def test_redbeat_is_really_used_and_led(cluster_for):
 @pytest.mark.slow
 def test_beat_that_cannot_publish_hands_over(cluster_for, tmp_path):
     """The sending beat's broker dies while the store is fine: another beat sends."""
-    from tests.servers import RedisServer
+    from harness.servers import RedisServer
 
     cluster = cluster_for("redis")
     cluster.env["LEADER_BEAT_EVERY"] = "1"

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.integration.conftest import ROOT
+from harness.cluster import ROOT
 from tests.integration.test_beat import wait_sending
 
 DJANGO_APP = "tests.integration.djangobeat.app"

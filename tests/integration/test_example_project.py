@@ -16,7 +16,7 @@ import pytest
 
 from example_project.proj import app
 from example_project.proj.tasks import aggregate, compact, record_event, report
-from tests.servers import RedisServer
+from harness.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "example_project.proj"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import ROOT, Worker
+from harness.cluster import ROOT, Worker
 
 # An app that imports celery_leader and has its settings but never adds the step:
 # the shape of a worker someone forgot to wire up, or one left out on purpose.

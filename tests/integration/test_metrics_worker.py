@@ -10,8 +10,8 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.servers import free_port
 from tests.integration.test_workers import runs
-from tests.servers import free_port
 
 TTL = 2.0
 

@@ -111,7 +111,7 @@ def test_slow_store_calls_cannot_delay_the_end_of_the_term(cluster_for):
     """A renewal of several late round trips that then hangs: the old run ends before the next."""
     import redis as redis_lib
 
-    from tests.chaos.proxy import FaultProxy
+    from harness.proxy import FaultProxy
 
     cluster = cluster_for("redis")
     # ttl 2, renew 0.6, store timeout 1.2: a read may take 0.6 s. The renewal

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from tests.integration.conftest import ROOT
-from tests.servers import RedisServer, free_port
+from harness.cluster import ROOT
+from harness.servers import RedisServer, free_port
 
 
 def runs(rows, kind="start"):

@@ -15,8 +15,8 @@ from celery_leader.settings import load_settings
 from celery_leader.stores import open_store
 from celery_leader.stores.azure_blob import lease_guid
 from celery_leader.stores.base import Holder
+from harness.servers import AZURITE_KEY, AzuriteServer
 from tests.history import History
-from tests.servers import AZURITE_KEY, AzuriteServer
 
 TTL = 15.0
 
@@ -198,7 +198,7 @@ def test_azure_defaults_are_ttl_15_and_renew_a_quarter():
 
 def test_unreachable_azure_never_raises_out_of_the_manager(caplog, monkeypatch):
     """Nothing listens at the endpoint: one clear error in the log, secrets masked, no crash."""
-    from tests.servers import AZURITE_ACCOUNT, free_port
+    from harness.servers import AZURITE_ACCOUNT, free_port
 
     port = free_port()
     conn = (

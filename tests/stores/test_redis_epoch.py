@@ -21,8 +21,8 @@ import redis
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
 from celery_leader.stores.redis import RedisLeaseStore, lease_key, meta_key, token_key
-from tests.servers import RedisServer
-from tests.test_election import wait_for
+from harness.servers import RedisServer
+from tests.lease.test_election import wait_for
 
 NAME = "job"
 TTL = 3.0

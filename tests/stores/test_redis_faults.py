@@ -13,9 +13,9 @@ from celery_leader.lease.timing import LeaseTiming
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
 from celery_leader.stores.redis import lease_key, token_key
+from harness.servers import RedisServer, free_port
 from tests.history import History
-from tests.servers import RedisServer, free_port
-from tests.test_election import Cluster, wait_for, warm_store
+from tests.lease.test_election import Cluster, wait_for, warm_store
 
 TTL = 1.0
 

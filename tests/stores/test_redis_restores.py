@@ -16,9 +16,9 @@ import pytest
 import celery_leader.clock
 from celery_leader.lease.timing import LeaseTiming
 from celery_leader.stores.redis import lease_key, meta_key, token_key
+from harness.servers import RedisServer
 from tests.history import History
-from tests.servers import RedisServer
-from tests.test_election import Cluster, wait_for
+from tests.lease.test_election import Cluster, wait_for
 
 TTL = 1.0
 TIMING = LeaseTiming.create(TTL)

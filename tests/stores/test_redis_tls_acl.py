@@ -10,7 +10,7 @@ import trustme
 from celery_leader.exceptions import StoreAuthError, StoreError
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
-from tests.servers import RedisServer
+from harness.servers import RedisServer
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from celery_leader.lease.timing import LeaseTiming
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
 from tests.history import History
-from tests.test_election import wait_for, warm_store
+from tests.lease.test_election import wait_for, warm_store
 
 TTL = 1.0
 TIMING = LeaseTiming.create(TTL)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from celery import Celery
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 WORKERS = ("worker1", "worker2", "worker3")
 BEATS = ("beat1", "beat2")

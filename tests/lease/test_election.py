@@ -20,7 +20,7 @@ from tests.history import History
 
 TTL = 1.0
 TIMING = LeaseTiming.create(TTL)
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Cluster:

@@ -29,8 +29,8 @@ from celery_leader import clock as lease_clock
 from celery_leader.beat import TOKEN_HEADER, LeaderScheduler
 from celery_leader.lease import Role
 from celery_leader.stores import open_store
-from tests.chaos.proxy import FaultProxy
-from tests.test_beat_scheduler import sent, take_over
+from harness.proxy import FaultProxy
+from tests.beat.test_beat_scheduler import sent, take_over
 
 TTL = 2.0
 STORE_TIMEOUT = 1.0

@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 
-from tests.servers import free_port
+from harness.servers import free_port
 
 
 class FaultProxy:

@@ -24,7 +24,7 @@ import celery_leader
 from celery_leader import ConfigurationError, LeaderElection, LeaderTask, leader_only
 from celery_leader.tasks import leader_queue_for, resolve_leader_tasks
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LEADER_REQUEST = "celery_leader.worker.request:LeaderRequest"
 
 

@@ -178,7 +178,7 @@ def test_new_leader_carries_on_from_the_previous_leaders_last_send(scheduler):
 
 def test_failed_publish_leaves_the_slot_unmarked_and_gives_up_the_lease(tmp_path, redis_server):
     """A publish that fails is not marked sent, and a beat that cannot publish hands over."""
-    from tests.servers import free_port
+    from harness.servers import free_port
 
     main = f"b{uuid.uuid4().hex[:10]}"
     app = Celery(main, broker=f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there

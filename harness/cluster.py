@@ -1,0 +1,265 @@
+"""Real ``celery worker`` and ``celery beat`` processes of the tests' app, for tests and benchmarks.
+
+:class:`Cluster` starts the servers one test needs (a Redis for the broker and
+the run history, a Redis for the lease store) and ``celery worker`` /
+``celery beat`` processes of the test app, configured through the
+environment; :class:`Worker` and :class:`Beat` wrap one process each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import redis
+from celery import Celery
+
+from celery_leader import install
+from celery_leader.exceptions import StoreError
+from celery_leader.stores import open_store
+from harness.servers import RedisServer
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = "tests.integration.leaderapp"
+LEADER_TASKS = (
+    "leader_record",
+    "slow_terminate",
+    "slow_cancel",
+    "slow_finish",
+    "fenced_writer",
+    "noop_leader",
+    "long_terminate",
+    "gil_terminate",
+    "poll_cancel",
+)
+RABBITMQ_URL = os.environ.get("LEADER_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
+RABBITMQCTL = "/usr/sbin/rabbitmqctl"
+
+
+class Worker:
+    """One ``celery worker`` process of tests.integration.leaderapp."""
+
+    def __init__(
+        self, env: dict[str, str], nodename: str, logdir: Path, pool: str, extra: list[str]
+    ) -> None:
+        self.nodename = nodename
+        self.log = logdir / f"{nodename.split('@', maxsplit=1)[0]}.log"
+        args = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.integration.leaderapp",
+            "worker",
+            "-n",
+            nodename,
+            "-P",
+            pool,
+            "-l",
+            "info",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            *extra,
+        ]
+        if pool != "solo" and not any(a.startswith("-c") for a in extra):
+            args += ["-c", "2"]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                args, cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True
+            )
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if "ready." in self.text():
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"{self.nodename} exited {self.proc.returncode}:\n{self.text()[-3000:]}"
+                )
+            time.sleep(0.05)
+        raise AssertionError(f"{self.nodename} not ready:\n{self.text()[-3000:]}")
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def signal(self, signum: int) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signum) if signum in (
+                signal.SIGKILL,
+                signal.SIGSTOP,
+                signal.SIGCONT,
+            ) else self.proc.send_signal(signum)
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.proc.poll() is None:
+            self.signal(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.proc.wait(10)
+
+
+class Beat(Worker):
+    """One ``celery beat`` process of tests.integration.leaderapp."""
+
+    def __init__(
+        self, env: dict[str, str], name: str, logdir: Path, extra: list[str], app: str = TASKS
+    ) -> None:
+        self.nodename = name
+        self.log = logdir / f"{name}.log"
+        args = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            app,
+            "beat",
+            "-s",
+            str(logdir / f"{name}-schedule"),
+            "-l",
+            "info",
+            *extra,
+        ]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                args, cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True
+            )
+
+    def sends_now(self) -> bool:
+        return "this beat sends now" in self.text()
+
+
+class Cluster:
+    """Servers, environment and workers for one test."""
+
+    def __init__(self, tmp: Path, broker: str, rabbitmq_url: str = RABBITMQ_URL) -> None:
+        self.tmp = tmp
+        self.data = RedisServer(tmp).start()  # broker (redis runs) and run history
+        self.store = RedisServer(tmp).start()  # the lease store, separate so it can be paused
+        self.name = f"t{uuid.uuid4().hex[:8]}"
+        broker_url = self.data.url if broker == "redis" else rabbitmq_url
+        self.env = {
+            **os.environ,
+            "LEADER_BROKER": broker_url,
+            "LEADER_STORE": self.store.url,
+            "LEADER_HISTORY": f"redis://127.0.0.1:{self.data.port}/2",
+            "LEADER_NAME": self.name,
+            "LEADER_TTL": "2",
+            "LEADER_VISIBILITY": "4",
+            "PYTHONPATH": str(ROOT),
+        }
+        self.workers: list[Worker] = []
+        self.beats: list[Beat] = []
+        self.history_client = redis.Redis(
+            host="127.0.0.1", port=self.data.port, db=2, decode_responses=True
+        )
+        self.client = Celery("client", broker=broker_url)
+        self.client.conf.update(
+            leader_name=self.name,
+            task_default_queue=f"{self.name}.default",
+            broker_transport_options={"visibility_timeout": 4},
+        )
+        install(self.client, tasks=[f"{TASKS}.{name}" for name in LEADER_TASKS])
+
+    def send(self, task: str, *args, **options):  # type: ignore[no-untyped-def]
+        """Send a task of leaderapp by name, routed as any client would route it."""
+        return self.client.send_task(f"{TASKS}.{task}", args=args, **options)
+
+    def start(
+        self, count: int, pool: str = "prefork", extra: list[str] | None = None, wait: bool = True
+    ) -> list[Worker]:
+        started = []
+        for _ in range(count):
+            nodename = f"w{len(self.workers) + 1}@{self.name}"
+            worker = Worker(self.env, nodename, self.tmp, pool, extra or [])
+            self.workers.append(worker)
+            started.append(worker)
+        if wait:
+            for worker in started:
+                worker.wait_ready()
+        return started
+
+    def start_beat(self, extra: list[str] | None = None, app: str = TASKS) -> Beat:
+        """Start a ``celery beat`` process of *app* with its own schedule file."""
+        index = len(self.beats) + 1
+        beat = Beat(self.env, f"beat{index}", self.tmp, extra or [], app)
+        self.beats.append(beat)
+        return beat
+
+    def beat_sends(self) -> list[dict]:
+        return sorted((r for r in self.history() if r["kind"] == "beat"), key=lambda r: r["at"])
+
+    def celery(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run ``celery -A tests.integration.leaderapp <args>`` against this cluster."""
+        return subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "tests.integration.leaderapp", *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+
+    def leader_status(self) -> tuple[int, dict | None]:
+        proc = self.celery("leader", "status", "--json")
+        return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip() else None)
+
+    def leader_worker(self, timeout: float = 15) -> Worker:
+        """The worker holding the lease, past its hold-off, consuming the leader queue."""
+        deadline = time.monotonic() + timeout
+        options = {}
+        if self.env.get("AZURE_STORAGE_CONNECTION_STRING"):
+            options["leader_azure_connection_string"] = self.env["AZURE_STORAGE_CONNECTION_STRING"]
+        store = open_store(self.env["LEADER_STORE"], timeout=2, options=options)
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    record = store.read(self.name)
+                except StoreError:
+                    record = None
+                if record is not None and record.hold_off <= 0:
+                    for worker in self.workers:
+                        if (
+                            worker.nodename == record.nodename
+                            and worker.proc.poll() is None
+                            and "Started consuming from" in worker.text()
+                        ):
+                            return worker
+                time.sleep(0.05)
+        finally:
+            store.close()
+        raise AssertionError("no leader elected")
+
+    def history(self) -> list[dict]:
+        return [json.loads(x) for x in self.history_client.lrange("history", 0, -1)]
+
+    def wait_history(self, predicate, timeout: float) -> list[dict]:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rows = self.history()
+            if predicate(rows):
+                return rows
+            time.sleep(0.05)
+        return self.history()
+
+    def close(self) -> None:
+        for worker in [*self.workers, *self.beats]:  # all at once: each takes a moment to stop
+            if worker.proc.poll() is None:
+                worker.signal(signal.SIGCONT)
+                worker.proc.send_signal(signal.SIGTERM)
+        for process in [*self.workers, *self.beats]:
+            process.stop()
+        self.client.close()
+        self.data.stop()
+        self.store.stop()
