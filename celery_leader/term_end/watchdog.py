@@ -6,19 +6,27 @@ See :mod:`celery_leader.term_end` for where it stands among the layers.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import signal
+import struct
 import time
 from contextlib import suppress
 
+from celery_leader import clock
 from celery_leader.elections.procinfo import parent_of, process_ended
 from celery_leader.elections.run_table import RUN_SLOTS, Run
 from celery_leader.elections.shared_lease import SharedLease, SharedLeases
 
 logger = logging.getLogger(__name__)
 
+_BEAT = struct.Struct("=d")
+
 #: How often the watchdog reads the shared leases and the run table, in seconds.
 WATCH_INTERVAL = 0.01
+#: A watchdog whose last pass is older than this (seconds) counts as dead: stopped
+#: (SIGSTOP), stuck, or starved so long that it would not end runs on time.
+STALE_AFTER = 1.0
 
 
 def past_deadline(group: SharedLeases, run: Run, *, now: float | None = None) -> bool:
@@ -88,10 +96,14 @@ class Watchdog:
         self._shared = shared if isinstance(shared, SharedLeases) else shared.group
         self._interval = interval
         self.pid: int | None = None
+        # The lease-clock time of the watchdog's last pass, written by it after each
+        # pass: a process that exists but no longer passes is as good as dead.
+        self._heartbeat = mmap.mmap(-1, _BEAT.size)
 
     def start(self) -> None:
         """Fork the watchdog (call before the pool forks, with as few threads as possible)."""
         worker_pid = os.getpid()
+        _BEAT.pack_into(self._heartbeat, 0, clock.now())  # the new one's grace to start
         pid = os.fork()
         if pid == 0:  # the watchdog
             code = 0
@@ -103,6 +115,7 @@ class Watchdog:
                     # One bad pass must not end the watch.
                     with suppress(Exception):
                         enforce_deadlines(self._shared, worker_pid, done)
+                    _BEAT.pack_into(self._heartbeat, 0, clock.now())
                     time.sleep(self._interval)
             except BaseException:  # noqa: BLE001 - never run the worker's cleanup here
                 code = 1
@@ -111,12 +124,19 @@ class Watchdog:
         self.pid = pid
         logger.info("celery-leader: run watchdog started (pid %d)", pid)
 
+    def last_pass_age(self) -> float:
+        """Seconds since the watchdog's last pass (since its start, before the first)."""
+        (last,) = _BEAT.unpack_from(self._heartbeat, 0)
+        return max(0.0, clock.now() - float(last))
+
     def alive(self) -> bool:
-        """True while the watchdog runs."""
-        return self.pid is not None and not process_ended(self.pid)
+        """True while the watchdog runs and passes (its last pass within :data:`STALE_AFTER`)."""
+        if self.pid is None or process_ended(self.pid):
+            return False
+        return self.last_pass_age() < STALE_AFTER
 
     def restart(self) -> None:
-        """Reap a watchdog that died and fork a new one.
+        """End a watchdog that died or stopped passing, reap it, and fork a new one.
 
         Forking from a process with threads is safe here because the
         watchdog's loop takes no lock another thread could hold: it reads
@@ -124,8 +144,10 @@ class Watchdog:
         """
         pid, self.pid = self.pid, None
         if pid is not None:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # a stopped or stuck one never exits by itself
             with suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
+                os.waitpid(pid, 0)
         self.start()
 
     def stop(self) -> None:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 
 import pytest
 
@@ -407,3 +408,29 @@ def test_a_pool_child_past_the_run_table_refuses_leader_work(monkeypatch):
     monkeypatch.setattr(current_process(), "index", RUN_SLOTS + 3, raising=False)
     with pytest.raises(UnwatchableRunError, match="1027"):
         watch_run(shared, 5, terminate=True)
+
+
+def test_a_stopped_watchdog_counts_as_dead_and_is_replaced():
+    """A SIGSTOPped watchdog exists but no longer passes; restart() ends and replaces it."""
+    from celery_leader.term_end.watchdog import STALE_AFTER
+
+    shared = SharedLease()
+    watchdog = Watchdog(shared)
+    watchdog.start()
+    stopped = watchdog.pid
+    try:
+        time.sleep(0.1)
+        assert watchdog.alive()
+        os.kill(stopped, signal.SIGSTOP)
+        deadline = time.monotonic() + STALE_AFTER + 5
+        while watchdog.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not watchdog.alive(), "a watchdog that stopped passing still counted as alive"
+        assert procinfo.start_time(stopped) is not None, "it still exists: only its passes stopped"
+        watchdog.restart()
+        assert watchdog.alive() and watchdog.pid != stopped
+        assert procinfo.start_time(stopped) is None, "the stopped one was ended and reaped"
+    finally:
+        watchdog.stop()
+        with suppress(ProcessLookupError):
+            os.kill(stopped, signal.SIGKILL)
