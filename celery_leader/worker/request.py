@@ -67,13 +67,21 @@ def _called_from(frame: FrameType | None, function: str) -> bool:
 
 
 def _hands_on(exc: Any) -> bool:
-    """True for the exceptions by which a task hands its message on instead of failing."""
+    """True for the exceptions by which a task hands its message on instead of failing.
+
+    A retry or a replacement has a message of its own, and an ignored message
+    or one rejected without requeue is done with. A message rejected *with*
+    requeue (a run stopped at its term's end) goes back to run again: it is
+    not handed on.
+    """
     from billiard.einfo import ExceptionWithTraceback  # noqa: PLC0415 - Celery's own
     from celery.exceptions import Ignore, Reject, Retry  # noqa: PLC0415
 
     if isinstance(exc, ExceptionWithTraceback):  # not getattr(exc, "exc"): Retry has one too
         exc = exc.exc
-    return isinstance(exc, (Retry, Ignore, Reject))
+    if isinstance(exc, Reject):
+        return not exc.requeue
+    return isinstance(exc, (Retry, Ignore))
 
 
 class LeaderRequest(Request):  # type: ignore[misc]
@@ -119,8 +127,12 @@ class LeaderRequest(Request):  # type: ignore[misc]
         super().acknowledge()
 
     def reject(self, requeue: bool = False) -> None:
-        """Reject the message; for a run, settle the copies that waited for it."""
-        self._run_settled(self.leader_outcome or FAILED)
+        """Reject the message; for a run, settle the copies that waited for it.
+
+        Requeued, the message must run again: the run counts as failed, so
+        nothing drops the message when it comes back.
+        """
+        self._run_settled(FAILED if requeue else self.leader_outcome or FAILED)
         super().reject(requeue)
 
     def on_timeout(self, soft: bool, timeout: float) -> Any:

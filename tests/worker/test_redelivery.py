@@ -140,8 +140,11 @@ def test_retry_ignore_and_reject_hand_the_message_on_while_other_errors_fail():
 
     from celery_leader.worker.request import _hands_on
 
-    for handed_on in (Retry(), Retry(exc=ValueError("cause")), Ignore(), Reject(requeue=True)):
+    for handed_on in (Retry(), Retry(exc=ValueError("cause")), Ignore(), Reject(requeue=False)):
         assert _hands_on(handed_on)
         assert _hands_on(ExceptionWithTraceback(handed_on, ""))
+    # Requeued (a run stopped at its term's end): the message must run again.
+    assert not _hands_on(Reject(requeue=True))
+    assert not _hands_on(ExceptionWithTraceback(Reject(requeue=True), ""))
     assert not _hands_on(ValueError("bug"))
     assert not _hands_on(ExceptionWithTraceback(KeyError("k"), ""))
