@@ -5,7 +5,8 @@ The package, floor by floor; each imports only from the floors above it
 
 * ``stores/``: lease stores, I/O only, one module per store chosen by URL
   scheme; the token and hold-off rules (``stores/rules.py``). *Checked*:
-  imports only ``exceptions``, ``clock``, ``_masking``; no Celery.
+  imports only ``exceptions``, ``clock``, ``_masking``, ``_values``; no
+  Celery.
 * ``lease/``: one lease, no Celery: :class:`~celery_leader.lease.LeaseManager`,
   its timing and its bounded store calls. *Checked*: above stores only.
 * ``elections/``: the elections a process takes part in, no Celery: the

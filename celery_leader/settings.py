@@ -10,7 +10,6 @@ from __future__ import annotations
 import difflib
 import functools
 import logging
-import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -19,6 +18,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
 from celery_leader._masking import mask_url
+from celery_leader._values import seconds
 from celery_leader.exceptions import ConfigurationError
 from celery_leader.lease.timing import LeaseTiming
 from celery_leader.observe.health import DEFAULT_STUCK_AFTER
@@ -169,18 +169,7 @@ class LeaderSettings:
 
 
 def _number(conf: Mapping[str, Any], key: str, default: float | None) -> float | None:
-    value = conf.get(key)
-    if value is None:
-        return default
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigurationError(
-            f"{key}={value!r} is not allowed: it must be a number of seconds"
-        ) from None
-    if math.isnan(number) or math.isinf(number):
-        raise ConfigurationError(f"{key}={value!r} is not allowed: it must be a finite number")
-    return number
+    return seconds(conf, key, default)
 
 
 def _choice(conf: Mapping[str, Any], key: str, allowed: tuple[str, ...], default: str) -> str:

@@ -92,6 +92,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from celery_leader._masking import mask_text, mask_url
+from celery_leader._values import seconds
 from celery_leader.exceptions import (
     ConfigurationError,
     StoreAuthError,
@@ -226,22 +227,6 @@ def _is_http_url(value: object) -> bool:
     return isinstance(value, str) and urlsplit(value).scheme in ("https", "http")
 
 
-def _seconds(options: Mapping[str, Any], key: str) -> float | None:
-    """*key* as a finite number of seconds, None when absent; the settings' messages."""
-    value = options.get(key)
-    if value is None:
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigurationError(
-            f"{key}={value!r} is not allowed: it must be a number of seconds"
-        ) from None
-    if math.isnan(number) or math.isinf(number):
-        raise ConfigurationError(f"{key}={value!r} is not allowed: it must be a finite number")
-    return number
-
-
 def _as_dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
@@ -293,7 +278,7 @@ class AzureBlobLeaseStore:
                 f"leader_azure_account_url={mask_url(str(account_url))!r} is not allowed: it "
                 "must be the account's blob endpoint, https://<account>.blob.core.windows.net"
             )
-        interval = _seconds(options, "leader_azure_watch_interval")
+        interval = seconds(options, "leader_azure_watch_interval", None)
         if interval is not None and interval <= 0:
             raise ConfigurationError(
                 f"leader_azure_watch_interval={interval:g} is not allowed: it must be a number "

@@ -18,7 +18,7 @@ CELERY = ("celery", "kombu", "billiard", "vine")
 
 #: Folder (or module) -> the celery_leader modules it may import (prefix match).
 ALLOWED: dict[str, tuple[str, ...]] = {
-    "stores": ("exceptions", "clock", "_masking", "stores"),
+    "stores": ("exceptions", "clock", "_masking", "_values", "stores"),
     "lease": ("exceptions", "clock", "_masking", "stores", "lease"),
     "elections": ("exceptions", "clock", "_masking", "stores", "lease", "elections"),
     "term_end": ("exceptions", "clock", "_masking", "stores", "lease", "elections", "term_end"),

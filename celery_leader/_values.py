@@ -1,0 +1,32 @@
+"""Setting values read the same way by settings and by each store's own checks.
+
+Stores may not import :mod:`celery_leader.settings` (they sit below it), so
+the readers both need live here, with the messages users see.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from celery_leader.exceptions import ConfigurationError
+
+
+def seconds(values: Mapping[str, Any], key: str, default: float | None) -> float | None:
+    """*key* of *values* as a finite number of seconds; *default* when absent.
+
+    Raises :class:`ConfigurationError` naming the key and what is allowed.
+    """
+    value = values.get(key)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            f"{key}={value!r} is not allowed: it must be a number of seconds"
+        ) from None
+    if math.isnan(number) or math.isinf(number):
+        raise ConfigurationError(f"{key}={value!r} is not allowed: it must be a finite number")
+    return number
