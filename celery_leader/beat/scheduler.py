@@ -72,12 +72,11 @@ from typing import Any, TypeVar
 
 from celery.utils.imports import load_extension_class_names, symbol_by_name
 
-from celery_leader._masking import mask_text
 from celery_leader.beat.state import ScheduleState, schedule_time, state_of
 from celery_leader.elections.election import Election
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.exceptions import ConfigurationError, StoreCallTimeoutError, StoreError
-from celery_leader.lease.bounded import BoundedCaller
+from celery_leader.lease.bounded import BoundedCaller, store_call
 from celery_leader.settings import (
     BEAT_SUFFIX,
     BeatSettings,
@@ -313,15 +312,9 @@ class BeatElection:
         A call given up on keeps running on its helper thread until the store
         client returns; its result is dropped (see :mod:`celery_leader.lease.bounded`).
         """
-        try:
-            return self._calls.call(fn, self.settings.timing.op_timeout, what)
-        except StoreError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a store that raises anything failed this call
-            raise StoreError(
-                f"lease store {self.store.url}: {what} failed: {type(exc).__name__}: "
-                f"{mask_text(str(exc))}"
-            ) from None
+        return store_call(
+            self._calls.call, fn, self.settings.timing.op_timeout, what, self.store.url
+        )
 
     def refresh_marks(self) -> bool:
         """Load every entry's last send from the store; False when it could not be read.

@@ -40,6 +40,3 @@ class ElectionGroup:
 
     def __iter__(self) -> Iterator[Election]:
         return iter(list(self._elections.values()))
-
-    def __len__(self) -> int:
-        return len(self._elections)

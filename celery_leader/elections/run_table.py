@@ -226,8 +226,6 @@ class RunTable:
             killed_pid, killed_token, _, killed_election = _KILL.unpack_from(
                 self._kills, _HEAD.size + index * _KILL.size
             )
-            if killed_pid != pid:
-                continue
-            if killed_token == EVERY_TERM or (killed_token, killed_election) == (token, election):
+            if (killed_pid, killed_token, killed_election) == (pid, token, election):
                 return True
         return False

@@ -23,7 +23,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from celery_leader.exceptions import StoreCallTimeoutError
+from celery_leader._masking import mask_text
+from celery_leader.exceptions import StoreCallTimeoutError, StoreError
 
 T = TypeVar("T")
 
@@ -99,3 +100,26 @@ class BoundedCaller:
             helper, self._helper = self._helper, None
         if helper is not None:
             helper.jobs.put(None)
+
+
+def store_call(
+    call: Callable[[Callable[[], T], float, str], T],
+    fn: Callable[[], T],
+    timeout: float,
+    what: str,
+    url: str,
+) -> T:
+    """Run store call *fn* through *call* (a bounded caller) within *timeout* seconds.
+
+    Any error it raises comes out as a :class:`StoreError` naming the store
+    (*url*, masked by the store) and the call, with secrets masked: the one
+    shape of a failed store call for the lease thread and beat alike.
+    """
+    try:
+        return call(fn, timeout, what)
+    except StoreError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a store that raises anything failed this call
+        raise StoreError(
+            f"lease store {url}: {what} failed: {type(exc).__name__}: {mask_text(str(exc))}"
+        ) from None

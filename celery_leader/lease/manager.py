@@ -58,7 +58,7 @@ from typing import Any
 from celery_leader import clock as lease_clock
 from celery_leader._masking import mask_text
 from celery_leader.exceptions import StoreAuthError, StoreError
-from celery_leader.lease.bounded import BoundedCaller
+from celery_leader.lease.bounded import BoundedCaller, store_call
 from celery_leader.lease.timing import LeaseTiming
 from celery_leader.stores.base import Holder, LeaseStore, Watch
 
@@ -654,15 +654,7 @@ class LeaseManager:
         bound = self.timing.op_timeout
         if deadline is not None:
             bound = min(bound, deadline - self._clock())
-        try:
-            return self._call(fn, bound, what)
-        except StoreError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a store that raises anything failed this call
-            raise StoreError(
-                f"lease store {self.store.url}: {what} failed: {type(exc).__name__}: "
-                f"{mask_text(str(exc))}"
-            ) from None
+        return store_call(self._call, fn, bound, what, self.store.url)
 
     def _observe(self, kind: ObservationKind, error_kind: str | None = None) -> None:
         observation = Observation(kind, self.name, error_kind)
