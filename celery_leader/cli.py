@@ -35,7 +35,7 @@ from click_didyoumean import DYMGroup  # type: ignore[import-untyped]
 
 from celery_leader._masking import mask_text
 from celery_leader.exceptions import ConfigurationError, StoreError
-from celery_leader.settings import BEAT_SUFFIX, LeaderSettings, settings_for_app
+from celery_leader.settings import AppSettings, LeaderSettings, app_settings
 from celery_leader.stores import open_store
 from celery_leader.stores.base import LeaseRecord, LeaseStore
 
@@ -90,10 +90,11 @@ def _fail(ctx: click.Context, message: str) -> NoReturn:
     ctx.exit(EXIT_STORE_ERROR)
 
 
-def _open(ctx: click.Context, beat: bool) -> tuple[LeaderSettings, LeaseStore]:
+def _open(ctx: click.Context, beat: bool) -> tuple[AppSettings, LeaderSettings, LeaseStore]:
     app = ctx.obj.app
     try:
-        settings = settings_for_app(app, name_suffix=BEAT_SUFFIX if beat else "")
+        every = app_settings(app)
+        settings = every.beat_election if beat else every.worker
         store = open_store(
             settings.backend_url,
             timeout=max(settings.timing.op_timeout, 2.0),
@@ -101,7 +102,7 @@ def _open(ctx: click.Context, beat: bool) -> tuple[LeaderSettings, LeaseStore]:
         )
     except (ConfigurationError, StoreError) as exc:
         _fail(ctx, str(exc))
-    return settings, store
+    return every, settings, store
 
 
 def _read(ctx: click.Context, store: LeaseStore, name: str) -> LeaseRecord | None:
@@ -130,6 +131,8 @@ def status_payload(
     store: LeaseStore,
     record: LeaseRecord | None,
     beat: LeaseRecord | None = None,
+    *,
+    with_beat: bool = True,
 ) -> dict[str, Any]:
     """The JSON object ``leader status --json`` prints.
 
@@ -137,7 +140,7 @@ def status_payload(
     workers' election, ``beat`` is the holder of beat's (or null).
     """
     payload = {"name": settings.name, "store": store.url, "leader": _holder(record)}
-    if not settings.name.endswith(BEAT_SUFFIX):
+    if with_beat:
         payload["beat"] = _holder(beat)
     return payload
 
@@ -215,13 +218,13 @@ def status(ctx: click.Context, as_json: bool, beat: bool) -> None:
     lease and how long the lease has left; with the workers' election also
     beat's holder. The store URL is shown with its password masked.
     """
-    settings, store = _open(ctx, beat)
+    every, settings, store = _open(ctx, beat)
     try:
         record = _read(ctx, store, settings.name)
-        beat_record = None if beat else _read(ctx, store, settings.name + BEAT_SUFFIX)
+        beat_record = None if beat else _read(ctx, store, every.names.beat)
     finally:
         store.close()
-    payload = status_payload(settings, store, record, beat_record)
+    payload = status_payload(settings, store, record, beat_record, with_beat=not beat)
     ctx.obj.echo(json.dumps(payload) if as_json else _human(payload))
     ctx.exit(EXIT_LEADER if record is not None else EXIT_NO_LEADER)
 
@@ -248,7 +251,7 @@ def step_down(ctx: click.Context, timeout: float) -> None:
     out one ttl so that a standby leads. Waits for the release, then prints
     who stepped down and who leads now.
     """
-    settings, store = _open(ctx, beat=False)
+    _, settings, store = _open(ctx, beat=False)
     try:
         record = _read(ctx, store, settings.name)
         if record is None:

@@ -13,7 +13,7 @@ import logging
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
@@ -319,18 +319,106 @@ def default_queue(conf: Mapping[str, Any], main: str | None) -> str:
     return queue
 
 
-@_spelled_as_given
-def load_settings(
-    conf: Mapping[str, Any], main: str | None = None, *, name_suffix: str = ""
-) -> LeaderSettings:
-    """Read and validate the ``leader_*`` keys of *conf* (an app's ``conf``).
+@dataclass(frozen=True)
+class ElectionNames:
+    """The names of an app's elections: the one place a lease name or a queue is derived.
 
-    *name_suffix* derives a separate election from the same settings (beat's
-    election is ``"<leader_name>.beat"``).
+    ``leader`` is the workers' election (``leader_name``, else the app's main
+    module, else ``"celery"``), ``queue`` its leader queue (``leader_queue``,
+    else ``"<leader>.leader"``) and ``beat`` beat's own election
+    (``"<leader>.beat"``).
     """
+
+    leader: str
+    queue: str
+
+    @property
+    def beat(self) -> str:
+        """Beat's election: the workers' name with :data:`BEAT_SUFFIX`."""
+        return self.leader + BEAT_SUFFIX
+
+
+@_spelled_as_given
+def election_names(conf: Mapping[str, Any], main: str | None) -> ElectionNames:
+    """The validated :class:`ElectionNames` of *conf*; needs no store setting.
+
+    A process that only sends (a web app) reads these, and nothing else,
+    so a client whose broker is not Redis sends without ``leader_backend_url``.
+    """
+    return ElectionNames(leader=default_name(conf, main), queue=default_queue(conf, main))
+
+
+@dataclass(frozen=True)
+class ElectionSettings:
+    """One election of a process: its lease name, its leader queue, its lease timing."""
+
+    name: str
+    queue: str | None
+    """The queue its leader consumes; None for beat's election, whose work is sending."""
+    timing: LeaseTiming
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    """Every ``leader_*`` setting of one process, read and validated once at start.
+
+    The worker's bootstep, beat's scheduler and the CLI each build one (through
+    :func:`app_settings`) and hand it down; the task side reads the same object
+    for routing. Values shared by every election (the store, metrics, grace)
+    sit here once; what differs per election is an entry of :attr:`elections`,
+    keyed by election name.
+    """
+
+    backend_url: str
+    store_options: Mapping[str, Any]
+    stop_grace: float
+    metrics: MetricsSettings
+    """The worker's metrics and health port (``leader_metrics_port``)."""
+    beat_metrics: MetricsSettings
+    """Beat's own port (``leader_beat_metrics_port``): it may share a host with a worker."""
+    beat: BeatSettings
+    task_patterns: tuple[str, ...]
+    names: ElectionNames
+    elections: Mapping[str, ElectionSettings]
+
+    @property
+    def masked_backend_url(self) -> str:
+        """The store URL with secrets masked, safe to print."""
+        return mask_url(self.backend_url)
+
+    def election(self, name: str) -> ElectionSettings:
+        """The entry of election *name*; ``KeyError`` for an election this process does not run."""
+        return self.elections[name]
+
+    def for_election(self, name: str) -> LeaderSettings:
+        """The settings one election's lease and its consumers read (:class:`LeaderSettings`)."""
+        entry = self.election(name)
+        return LeaderSettings(
+            backend_url=self.backend_url,
+            name=entry.name,
+            queue=entry.queue or "",
+            timing=entry.timing,
+            store_options=self.store_options,
+            stop_grace=self.stop_grace,
+            metrics=self.beat_metrics if name == self.names.beat else self.metrics,
+        )
+
+    @property
+    def worker(self) -> LeaderSettings:
+        """The workers' election."""
+        return self.for_election(self.names.leader)
+
+    @property
+    def beat_election(self) -> LeaderSettings:
+        """Beat's election, with beat's metrics port."""
+        return self.for_election(self.names.beat)
+
+
+@_spelled_as_given
+def load_app_settings(conf: Mapping[str, Any], main: str | None = None) -> AppSettings:
+    """Read and validate every ``leader_*`` key of *conf* (an app's ``conf``)."""
     url = default_backend_url(conf)
     cls = store_class(url)
-    name = default_name(conf, main) + name_suffix
     low, high = cls.ttl_range
     ttl = _number(conf, "leader_lease_ttl", None)
     if ttl is None:
@@ -349,7 +437,7 @@ def load_settings(
         _number(conf, "leader_store_timeout", None),
         renew_fraction=cls.default_renew_fraction,
     )
-    queue = default_queue(conf, main)
+    names = election_names(conf, main)
     given = {
         key: conf.get(key)
         for key in (
@@ -373,19 +461,39 @@ def load_settings(
         raise ConfigurationError(
             f"leader_stop_grace={stop_grace:g} is not allowed: it must be a number of seconds >= 0"
         )
-    leader_task_patterns(conf)
-    metrics_settings(conf, "leader_beat_metrics_port")
-    beat_settings(conf)  # a worker may run beat (-B): its settings are checked at start too
-    _warn_unknown_keys(conf)
-    return LeaderSettings(
+    # Every key is checked at start, also those only beat reads: a worker may run beat (-B).
+    settings = AppSettings(
         backend_url=url,
-        name=name,
-        queue=queue,
-        timing=timing,
         store_options=options,
         stop_grace=stop_grace,
         metrics=metrics_settings(conf),
+        beat_metrics=metrics_settings(conf, "leader_beat_metrics_port"),
+        beat=beat_settings(conf),
+        task_patterns=leader_task_patterns(conf),
+        names=names,
+        elections={
+            names.leader: ElectionSettings(names.leader, names.queue, timing),
+            names.beat: ElectionSettings(names.beat, None, timing),
+        },
     )
+    _warn_unknown_keys(conf)
+    return settings
+
+
+def load_settings(
+    conf: Mapping[str, Any], main: str | None = None, *, name_suffix: str = ""
+) -> LeaderSettings:
+    """The settings of one election of *conf*: the workers', or beat's with ``name_suffix=".beat"``.
+
+    Kept for callers of earlier releases; :func:`load_app_settings` reads
+    every election at once.
+    """
+    settings = load_app_settings(conf, main)
+    if name_suffix not in ("", BEAT_SUFFIX):
+        raise ValueError(f"name_suffix={name_suffix!r}: use '' or {BEAT_SUFFIX!r}")
+    view = settings.for_election(settings.names.leader + name_suffix)
+    # Earlier releases gave beat's election the worker's metrics port here.
+    return replace(view, metrics=settings.metrics) if name_suffix else view
 
 
 def _warn_unknown_keys(conf: Mapping[str, Any]) -> None:
@@ -405,6 +513,36 @@ def _warn_unknown_keys(conf: Mapping[str, Any]) -> None:
         logger.warning("celery-leader: %s is not a celery-leader setting%s", given, hint)
 
 
+#: Where an app keeps the settings its process read (see :func:`app_settings`).
+_SETTINGS_ATTR = "_celery_leader_settings"
+_NAMES_ATTR = "_celery_leader_names"
+
+
+def app_settings(app: Any) -> AppSettings:
+    """The :class:`AppSettings` of *app*, read once per process and kept on the app.
+
+    Celery reads its own configuration once when the app is finalized; a
+    ``leader_*`` key changed after the worker or beat started is not seen.
+    """
+    settings = getattr(app, _SETTINGS_ATTR, None)
+    if settings is None:
+        settings = load_app_settings(app.conf, getattr(app, "main", None))
+        setattr(app, _SETTINGS_ATTR, settings)
+    return settings
+
+
+def names_for_app(app: Any) -> ElectionNames:
+    """The :class:`ElectionNames` of *app*: its process settings' when read, else read once."""
+    settings = getattr(app, _SETTINGS_ATTR, None)
+    if settings is not None:
+        return settings.names  # type: ignore[no-any-return]
+    names = getattr(app, _NAMES_ATTR, None)
+    if names is None:
+        names = election_names(app.conf, getattr(app, "main", None))
+        setattr(app, _NAMES_ATTR, names)
+    return names
+
+
 def settings_for_app(app: Any, *, name_suffix: str = "") -> LeaderSettings:
-    """:func:`load_settings` for a Celery app object."""
+    """:func:`load_settings` for a Celery app object (kept for callers of earlier releases)."""
     return load_settings(app.conf, getattr(app, "main", None), name_suffix=name_suffix)

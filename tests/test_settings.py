@@ -203,3 +203,58 @@ def test_every_documented_key_is_known():
     table = readme[readme.index("## Settings") : readme.index("## Django")]
     documented = set(re.findall(r"^\| `(leader_[a-z_]+)` \|", table, flags=re.MULTILINE))
     assert documented == set(KNOWN_KEYS)
+
+
+def test_one_settings_object_per_process_with_one_entry_per_election():
+    """The process reads its settings once; the workers' and beat's elections are its entries."""
+    from celery import Celery
+
+    from celery_leader.settings import app_settings, names_for_app
+    from celery_leader.tasks import leader_queue_for
+
+    app = Celery(
+        "proj",
+        set_as_current=False,
+        config_source={
+            "broker_url": "redis://127.0.0.1:6379/0",
+            "leader_metrics_port": 9101,
+            "leader_beat_metrics_port": 9102,
+        },
+    )
+    settings = app_settings(app)
+    assert app_settings(app) is settings
+    assert set(settings.elections) == {"proj", "proj.beat"}
+    assert settings.election("proj").queue == "proj.leader"
+    assert settings.election("proj.beat").queue is None
+    assert settings.worker.name == "proj" and settings.worker.metrics.port == 9101
+    assert settings.beat_election.name == "proj.beat"
+    assert settings.beat_election.metrics.port == 9102
+    # Routing reads the same object, not the raw configuration again.
+    assert names_for_app(app) is settings.names
+    app.conf.leader_queue = "changed-after-start"
+    assert leader_queue_for(app) == "proj.leader"
+    with pytest.raises(KeyError):
+        settings.election("billing")
+
+
+def test_a_client_derives_its_queue_without_store_settings():
+    """A process that only sends needs no leader_backend_url, even with a RabbitMQ broker."""
+    from celery import Celery
+
+    from celery_leader.settings import names_for_app
+
+    app = Celery(
+        "web",
+        set_as_current=False,
+        config_source={"broker_url": "amqp://guest:guest@127.0.0.1:5672//", "leader_name": "jobs"},
+    )
+    names = names_for_app(app)
+    assert (names.leader, names.queue, names.beat) == ("jobs", "jobs.leader", "jobs.beat")
+
+
+def test_load_settings_keeps_its_earlier_forms():
+    """load_settings(conf, main, name_suffix=...) still gives one election's settings."""
+    beat = load_settings(conf(leader_metrics_port=9101), "proj", name_suffix=".beat")
+    assert beat.name == "proj.beat" and beat.metrics.port == 9101
+    with pytest.raises(ValueError, match="name_suffix"):
+        load_settings(conf(), "proj", name_suffix=".other")

@@ -67,7 +67,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, TypeVar
 
 from celery.utils.imports import load_extension_class_names, symbol_by_name
@@ -77,15 +76,7 @@ from celery_leader.elections.election import Election
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.exceptions import ConfigurationError, StoreCallTimeoutError, StoreError
 from celery_leader.lease.bounded import BoundedCaller, store_call
-from celery_leader.settings import (
-    BEAT_SUFFIX,
-    BeatSettings,
-    LeaderSettings,
-    beat_settings,
-    metrics_settings,
-    settings_for_app,
-    spelled,
-)
+from celery_leader.settings import BeatSettings, LeaderSettings, app_settings, spelled
 from celery_leader.startup_error import StartupConfigurationError
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
@@ -398,19 +389,13 @@ class LeaderSchedulerMixin:
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         try:
-            settings = settings_for_app(app, name_suffix=BEAT_SUFFIX)
-            # Beat serves on a port of its own: it may share a host (or, under
-            # worker -B, a process tree) with a worker serving leader_metrics_port.
-            settings = replace(
-                settings, metrics=metrics_settings(app.conf, port_key="leader_beat_metrics_port")
-            )
+            settings = app_settings(app)
         except ConfigurationError as exc:
             raise StartupConfigurationError(f"celery-leader: {exc}") from None
-        self._leader_settings = settings
-        try:
-            self._leader_beat: BeatSettings = beat_settings(app.conf)
-        except ConfigurationError as exc:
-            raise StartupConfigurationError(f"celery-leader: {exc}") from None
+        # Beat's election, with beat's own metrics port: it may share a host (or, under
+        # worker -B, a process tree) with a worker serving leader_metrics_port.
+        self._leader_settings = settings.beat_election
+        self._leader_beat: BeatSettings = settings.beat
         wrapped = type(self).__mro__[2]
         self._leader_state: ScheduleState = state_of(wrapped)
         self._leader_mode = _standby_mode(app.conf, self._leader_beat, wrapped, self._leader_state)
@@ -682,7 +667,7 @@ class LeaderScheduler:
     def __new__(cls, app: Any, *args: Any, **kwargs: Any) -> Any:
         """Build the wrapped scheduler class, led, for *app*."""
         try:
-            name = beat_settings(app.conf).scheduler
+            name = app_settings(app).beat.scheduler
         except ConfigurationError as exc:
             raise StartupConfigurationError(f"celery-leader: {exc}") from None
         aliases = dict(load_extension_class_names("celery.beat_schedulers"))

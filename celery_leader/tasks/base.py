@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
 from celery import Task
 
 from celery_leader.exceptions import LeaseLost
-from celery_leader.settings import default_name
+from celery_leader.settings import names_for_app
 from celery_leader.tasks.routing import leader_queue_for, route_leader_task
 from celery_leader.tasks.runtime import eager_token, leader_run, shared_lease
 from celery_leader.term_end import OnLoss
@@ -56,9 +57,8 @@ class LeaderTaskMixin:
         """Run under the lease: a last check in the pool child, then the task body."""
         request = self.request  # type: ignore[attr-defined]
         # The election the gate admitted the run under; the app's for eager runs.
-        name = getattr(request, "leader_election", None) or default_name(
-            self.app.conf,  # type: ignore[attr-defined]
-            self.app.main,  # type: ignore[attr-defined]
+        name = getattr(request, "leader_election", None) or (
+            names_for_app(self.app).leader  # type: ignore[attr-defined]
         )
         if request.is_eager or request.called_directly:
             # Eager runs hold no lease, unless a test forced one (celery_leader.testing):
@@ -86,12 +86,41 @@ class LeaderTaskMixin:
             unwatch_run(shared, watched)
             stop_run_in_task(self, "the lease ended before the run started")
         try:
-            with leader_run(name, token):
+            with leader_run(name, token, shared):
+                if _traced_without_own_call(self, request):
+                    # What Celery's tracer does for a task with no __call__ of its own:
+                    # it pushed this task and its request already; Task.__call__
+                    # would push a second copy of the request around the body.
+                    return self.run(*args, **kwargs)  # type: ignore[attr-defined]
                 return super().__call__(*args, **kwargs)  # type: ignore[misc]
         except LeaseLost:
             stop_run_in_task(self, "check_leadership() saw the lease lost")
         finally:
             unwatch_run(shared, watched)
+
+
+@functools.cache
+def _next_call_is_celerys(cls: type) -> bool:
+    """True when the ``__call__`` after :class:`LeaderTaskMixin` in *cls*'s MRO is Celery's.
+
+    A base class with a ``__call__`` of its own (a transaction wrapper, say)
+    keeps being called.
+    """
+    mro = cls.__mro__
+    for klass in mro[mro.index(LeaderTaskMixin) + 1 :]:
+        if "__call__" in vars(klass):
+            return klass is Task
+    return False
+
+
+def _traced_without_own_call(task: Any, request: Any) -> bool:
+    """True when the run came through Celery's tracer and no other class wraps the body.
+
+    The tracer pushed the task and its request; a request it pushed has
+    ``called_directly`` False and is not eager (checked by the caller).
+    """
+    cls: type = type(task)
+    return _next_call_is_celerys(cls) and task.request_stack.top is request
 
 
 class LeaderTask(LeaderTaskMixin, Task):  # type: ignore[misc]

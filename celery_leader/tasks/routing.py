@@ -5,13 +5,13 @@ from __future__ import annotations
 import fnmatch
 from typing import Any
 
-from celery_leader.settings import default_queue, leader_task_patterns
+from celery_leader.settings import leader_task_patterns, names_for_app
 from celery_leader.tasks.registry import _lock, leader_task_names, note_leader_task
 
 
 def leader_queue_for(app: Any) -> str:
     """The leader queue of *app* (``leader_queue``, else ``"<leader_name>.leader"``)."""
-    return default_queue(app.conf, app.main)
+    return names_for_app(app).queue
 
 
 def route_leader_task(app: Any, name: str | None) -> None:

@@ -65,9 +65,13 @@ def shared_lease(election: str | None = None) -> SharedLease | None:
 
 
 @contextmanager
-def leader_run(name: str, token: int | None) -> Iterator[None]:
-    """Mark the code inside as a leader run under *token* (used by the task base)."""
-    reset = _current_run.set(_Run(name, token, shared_lease(name)))
+def leader_run(name: str, token: int | None, shared: SharedLease | None = None) -> Iterator[None]:
+    """Mark the code inside as a leader run under *token* (used by the task base).
+
+    *shared* is the election's slot when the caller has it at hand (default:
+    looked up by *name*).
+    """
+    reset = _current_run.set(_Run(name, token, shared or shared_lease(name)))
     try:
         yield
     finally:

@@ -36,8 +36,20 @@ class UnwatchableRunError(RuntimeError):
     """A pool child has no slot in the run table: it must not run leader work."""
 
 
+#: (pid, pool index) of the calling process, once read: a process keeps its index.
+_own_index: tuple[int, int | None] | None = None
+
+
 def pool_child_index() -> int | None:
     """The billiard pool index of the calling process, or None outside a prefork child."""
+    global _own_index  # noqa: PLW0603 - a per-process cache, keyed by pid so a fork re-reads it
+    pid = os.getpid()
+    if _own_index is None or _own_index[0] != pid:
+        _own_index = (pid, _read_pool_child_index())
+    return _own_index[1]
+
+
+def _read_pool_child_index() -> int | None:
     try:
         from billiard.process import current_process  # noqa: PLC0415 - prefork only
 

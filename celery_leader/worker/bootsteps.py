@@ -30,7 +30,7 @@ from celery import bootsteps
 
 from celery_leader.elections.run_table import RUN_SLOTS
 from celery_leader.exceptions import ConfigurationError
-from celery_leader.settings import LeaderSettings, settings_for_app
+from celery_leader.settings import LeaderSettings, app_settings
 from celery_leader.startup_error import StartupConfigurationError
 from celery_leader.stores import open_store
 from celery_leader.stores.registry import TEST_ONLY_SCHEMES, shared_store_urls
@@ -146,7 +146,7 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         app = worker.app
         try:
-            self.settings: LeaderSettings = settings_for_app(app)
+            self.settings: LeaderSettings = app_settings(app).worker
         except ConfigurationError as exc:
             raise WorkerConfigurationError(f"celery-leader: {exc}") from None
         if _is_test_only(self.settings.backend_url) and not _in_process(worker):

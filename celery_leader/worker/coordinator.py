@@ -91,6 +91,7 @@ class Coordinator:
         self.settings = settings
         self.nodename = nodename
         self.pool_kind = pool_kind
+        self._policies: dict[type, OnLoss] = {}
         #: The elections of this process (one today); a new group unless one is given.
         self.group = group if group is not None else ElectionGroup()
         self.election: Election = self.group.add(
@@ -255,8 +256,13 @@ class Coordinator:
         return token
 
     def policy_for(self, task: Any) -> OnLoss:
-        """The on_loss policy that applies to runs of *task* in this pool."""
-        return effective_policy(getattr(task, "leader_on_loss", None), self.pool_kind)
+        """The on_loss policy that applies to runs of *task* in this pool (known per class)."""
+        cls = type(task)
+        policy = self._policies.get(cls)
+        if policy is None:
+            policy = effective_policy(getattr(task, "leader_on_loss", None), self.pool_kind)
+            self._policies[cls] = policy
+        return policy
 
     def admit_delivery(self, request: Any) -> bool:
         """True to run *request* now; False when it is a copy of a run's message (kept or dropped).

@@ -99,3 +99,20 @@ def test_the_checker_sees_an_import_that_runs_up():
     names = [own(n) for n in imports_of(source)]
     assert "elections.shared_lease" in names
     assert "term_end" in names
+
+
+def test_lease_names_and_queues_are_derived_in_settings_only():
+    """No module but settings.py builds an election's name or its queue from parts."""
+    import pathlib
+    import re
+
+    derive = re.compile(
+        r"""BEAT_SUFFIX|f["'][^"']*\}\.(leader|beat)["']|\+ ["']\.(leader|beat)["']"""
+    )
+    root = pathlib.Path(__file__).resolve().parents[2] / "celery_leader"
+    offenders = [
+        str(path.relative_to(root))
+        for path in root.rglob("*.py")
+        if path.name != "settings.py" and derive.search(path.read_text())
+    ]
+    assert offenders == []
