@@ -37,6 +37,7 @@ BENCHMARKS = [
     ("Azure Blob store (Azurite)", "benchmarks.azure", False),
     ("Beat failover, side by side with RedBeat and single-beat", "benchmarks.beat", True),
     ("Per-call cost, side by side with celery-once and celery-singleton", "benchmarks.gate", False),
+    ("What an idle worker costs", "benchmarks.idle", False),
 ]
 
 

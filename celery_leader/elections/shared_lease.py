@@ -26,6 +26,7 @@ every process of a host.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -34,6 +35,7 @@ from collections.abc import Iterator
 
 from celery_leader import clock
 from celery_leader.elections.run_table import RunTable
+from celery_leader.elections.wakeup import Wakeup
 
 _LAYOUT = struct.Struct("=qqdq")  # sequence, token, valid_until, revoked_through
 _RETRIES = 1000
@@ -60,6 +62,14 @@ class SharedLeases:
         self.owner_pid = os.getpid()
         #: Which pool child runs which election's term, for the watchdog.
         self.runs = RunTable()
+        #: The watchdog's alarm (:mod:`celery_leader.elections.wakeup`), once one guards the group.
+        self.wakeup: Wakeup | None = None
+
+    def nudge(self, deadline: float) -> None:
+        """Tell the watchdog, if one sleeps, that a term may end at *deadline* (lease clock)."""
+        wakeup = self.wakeup
+        if wakeup is not None:
+            wakeup.nudge(deadline)
 
     def add(self, name: str) -> SharedLease:
         """The slot of election *name*, made on first use (before the pool forks)."""
@@ -128,11 +138,14 @@ class SharedLease:
         Returns False, changing nothing, when *token* was revoked already.
         """
         with self._write_lock:
-            _, _, _, revoked_through = self._read_raw()
+            _, current, _, revoked_through = self._read_raw()
             if token <= revoked_through:
                 return False
             self._write(token, valid_until, revoked_through)
-            return True
+        # Runs of another term end now; a validity that ends before the
+        # watchdog's next look must wake it.
+        self.group.nudge(-math.inf if current not in (0, token) else valid_until)
+        return True
 
     def revoke(self, token: int | None = None) -> None:
         """End term *token* (default: the current one) and every older term, for good.
@@ -147,6 +160,7 @@ class SharedLease:
                 self._write(current, valid_until, ended)
             else:
                 self._write(0, 0.0, ended)
+        self.group.nudge(-math.inf)  # the revoked term's runs end now
 
     def _read_raw(self) -> tuple[int, int, float, int]:
         for _ in range(_RETRIES):

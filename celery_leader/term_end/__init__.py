@@ -22,12 +22,16 @@ layer alone; the others only make it sooner.
    small :class:`~celery_leader.term_end.watchdog.Watchdog` process before its
    pool. A child that starts any leader run records it in the shared run
    table (:mod:`celery_leader.elections.run_table`: pid, start time, election,
-   token, policy). Every :data:`~celery_leader.term_end.watchdog.WATCH_INTERVAL`
-   seconds the watchdog compares each ``terminate`` entry with its election's
-   shared lease. It SIGKILLs the child as soon as the term was revoked or its
-   published validity passed, and only a renewal that the parent publishes
-   extends that validity. It records each kill, so the parent hands the
-   message back even if a late renewal made the term look valid again. The
+   token, policy). The watchdog sleeps until the earliest published
+   validity of the ``terminate`` entries, and is woken at once by a
+   revocation or by a run whose term ends sooner
+   (:mod:`celery_leader.elections.wakeup`); each pass compares every
+   ``terminate`` entry with its election's shared lease. It SIGKILLs the
+   child within :data:`~celery_leader.term_end.watchdog.WATCH_INTERVAL` of
+   the term's revocation or the end of its published validity, and only a
+   renewal that the parent publishes extends that validity. It records each
+   kill, so the parent hands the message back even if a late renewal made
+   the term look valid again. The
    watchdog waits on nothing the run or the main process does: it acts when
    the main process is stopped or stuck, when the lease thread hangs in a
    store call, and when the run holds the GIL in a C call. It also covers a

@@ -10,6 +10,7 @@ rule (:func:`celery_leader.term_end.requeues_stopped_run`).
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import Any
 
@@ -78,6 +79,10 @@ def watch_run(shared: SharedLease, token: int, *, terminate: bool) -> int | None
             "(the pool was grown at run time); this process runs no leader work"
         )
     shared.runs.enter(index, token, terminate=terminate, election=shared.election)
+    if terminate:
+        # The watchdog sleeps until its next look; a term that ends sooner must wake it.
+        current, valid_until = shared.read()
+        shared.group.nudge(valid_until if current == token else -math.inf)
     return index
 
 

@@ -6,27 +6,32 @@ See :mod:`celery_leader.term_end` for where it stands among the layers.
 from __future__ import annotations
 
 import logging
+import math
 import mmap
 import os
 import signal
 import struct
-import time
 from contextlib import suppress
 
 from celery_leader import clock
 from celery_leader.elections.procinfo import parent_of, process_ended
 from celery_leader.elections.run_table import RUN_SLOTS, Run
 from celery_leader.elections.shared_lease import SharedLease, SharedLeases
+from celery_leader.elections.wakeup import Wakeup
 
 logger = logging.getLogger(__name__)
 
-_BEAT = struct.Struct("=d")
+_BEAT = struct.Struct("=dq")  # last pass (lease clock), passes so far
 
-#: How often the watchdog reads the shared leases and the run table, in seconds.
+#: How late after a deadline or a revocation the watchdog may end a run, in seconds:
+#: its wake-up and one pass (the simulation models the watchdog on this grid).
 WATCH_INTERVAL = 0.01
 #: A watchdog whose last pass is older than this (seconds) counts as dead: stopped
 #: (SIGSTOP), stuck, or starved so long that it would not end runs on time.
 STALE_AFTER = 1.0
+#: The longest the watchdog sleeps with nothing to guard (seconds): it passes this
+#: often to show it is alive (well within STALE_AFTER) and to notice its worker is gone.
+HEARTBEAT = STALE_AFTER / 4
 
 
 def past_deadline(group: SharedLeases, run: Run, *, now: float | None = None) -> bool:
@@ -43,6 +48,27 @@ def past_deadline(group: SharedLeases, run: Run, *, now: float | None = None) ->
         return False
     lease = group.at(run.election)
     return lease is None or not lease.valid_for(run.token, now=now)
+
+
+def earliest_deadline(group: SharedLeases, *, now: float | None = None) -> float:
+    """The lease-clock time the first ``terminate`` run still in its term is due to end.
+
+    Infinite when there is none. Runs whose term is over already are not
+    counted: the pass that saw them acted on them (killed them, or found
+    them gone).
+    """
+    at = clock.now() if now is None else now
+    earliest = math.inf
+    for run in group.runs.busy():
+        if not run.terminate or run.pid <= 0:
+            continue
+        lease = group.at(run.election)
+        if lease is None:
+            continue
+        token, valid_until = lease.read()
+        if token == run.token and at < valid_until < earliest:
+            earliest = valid_until
+    return earliest
 
 
 def enforce_deadlines(
@@ -81,42 +107,44 @@ def enforce_deadlines(
 class Watchdog:
     """A small process per prefork worker that ends runs at their term's deadline.
 
-    It is forked from the worker's main process before the pool. Every
-    :data:`WATCH_INTERVAL` seconds it reads the shared lease and the run
-    table, and SIGKILLs the pool children whose run's term was revoked or
-    ran out (:func:`enforce_deadlines`). Being its own process, it acts when
-    the main process is stopped or stuck, when the lease thread waits on a
-    store call, and when the run holds the GIL in C code. It exits when the
-    worker's main process is gone.
+    It is forked from the worker's main process before the pool. It sleeps
+    until the earliest deadline of the ``terminate`` runs it guards (at most
+    :data:`HEARTBEAT`), and is woken early when a term is revoked, a term
+    with a sooner end is published, or a run is registered whose term ends
+    before its next look (:mod:`celery_leader.elections.wakeup`). Each pass
+    SIGKILLs the pool children whose run's term was revoked or ran out
+    (:func:`enforce_deadlines`). A deadline needs no wake-up, so a stopped
+    or stuck main process cannot delay a kill. Being its own process, it
+    acts when the main process is stopped or stuck, when the lease thread
+    waits on a store call, and when the run holds the GIL in C code. It
+    exits when the worker's main process is gone (noticed within
+    :data:`HEARTBEAT`). Idle, it passes four times a second.
     """
 
-    def __init__(
-        self, shared: SharedLease | SharedLeases, interval: float = WATCH_INTERVAL
-    ) -> None:
+    def __init__(self, shared: SharedLease | SharedLeases, heartbeat: float = HEARTBEAT) -> None:
         self._shared = shared if isinstance(shared, SharedLeases) else shared.group
-        self._interval = interval
+        self._heartbeat_every = heartbeat
         self.pid: int | None = None
-        # The lease-clock time of the watchdog's last pass, written by it after each
-        # pass: a process that exists but no longer passes is as good as dead.
+        # Made before the pool forks, so every child can nudge the watchdog.
+        if self._shared.wakeup is None:
+            self._shared.wakeup = Wakeup()
+        self._wakeup = self._shared.wakeup
+        # The lease-clock time of the watchdog's last pass and the number of passes,
+        # written by it after each pass: a process that exists but no longer passes
+        # is as good as dead.
         self._heartbeat = mmap.mmap(-1, _BEAT.size)
 
     def start(self) -> None:
         """Fork the watchdog (call before the pool forks, with as few threads as possible)."""
         worker_pid = os.getpid()
-        _BEAT.pack_into(self._heartbeat, 0, clock.now())  # the new one's grace to start
+        _BEAT.pack_into(self._heartbeat, 0, clock.now(), 0)  # the new one's grace to start
         pid = os.fork()
         if pid == 0:  # the watchdog
             code = 0
             try:
                 for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1"):
                     signal.signal(getattr(signal, name), signal.SIG_IGN)
-                done: set[tuple[int, int]] = set()
-                while os.getppid() == worker_pid:
-                    # One bad pass must not end the watch.
-                    with suppress(Exception):
-                        enforce_deadlines(self._shared, worker_pid, done)
-                    _BEAT.pack_into(self._heartbeat, 0, clock.now())
-                    time.sleep(self._interval)
+                self._watch(worker_pid)
             except BaseException:  # noqa: BLE001 - never run the worker's cleanup here
                 code = 1
             finally:
@@ -124,9 +152,30 @@ class Watchdog:
         self.pid = pid
         logger.info("celery-leader: run watchdog started (pid %d)", pid)
 
+    def _watch(self, worker_pid: int) -> None:
+        done: set[tuple[int, int]] = set()
+        passes = 0
+        while os.getppid() == worker_pid:
+            # From here to the sleep, any nudge wakes the next sleep: a run
+            # registered while this pass reads the table is never slept past.
+            self._wakeup.awake()
+            until = math.inf
+            # One bad pass must not end the watch.
+            with suppress(Exception):
+                enforce_deadlines(self._shared, worker_pid, done)
+                until = earliest_deadline(self._shared)
+            now = clock.now()
+            passes += 1
+            _BEAT.pack_into(self._heartbeat, 0, now, passes)
+            self._wakeup.sleep_until(min(until, now + self._heartbeat_every))
+
+    def passes(self) -> int:
+        """How many passes the running watchdog made (for tests and benchmarks)."""
+        return int(_BEAT.unpack_from(self._heartbeat, 0)[1])
+
     def last_pass_age(self) -> float:
         """Seconds since the watchdog's last pass (since its start, before the first)."""
-        (last,) = _BEAT.unpack_from(self._heartbeat, 0)
+        last, _ = _BEAT.unpack_from(self._heartbeat, 0)
         return max(0.0, clock.now() - float(last))
 
     def alive(self) -> bool:
