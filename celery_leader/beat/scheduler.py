@@ -543,16 +543,20 @@ class LeaderSchedulerMixin:
     def apply_entry(self, entry: Any, producer: Any = None) -> None:
         """Send when leading and the slot is not sent yet; a standby only keeps in step."""
         election = self._election()
-        if election.leading() is None:
+        token = election.leading()
+        if token is None:
             logger.debug("celery-leader beat: standby, not sending %s", entry.name)
             return
         mark = election.marks.get(entry.name)
         if self._leader_state.uses_marks and _slot_already_sent(entry, mark):
             assert mark is not None
+            by = "this beat" if mark.get("token") == token else "an earlier beat leader"
             logger.info(
-                "celery-leader beat: %s was sent for this slot by the previous leader; "
+                "celery-leader beat: %s was sent for this slot already, by %s (token %s); "
                 "its schedule now counts from that send",
                 entry.name,
+                by,
+                mark.get("token"),
             )
             self._leader_state.anchor(self, entry, float(mark["at"]))
             self._save_anchors()

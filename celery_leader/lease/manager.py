@@ -60,7 +60,7 @@ from celery_leader._masking import mask_text
 from celery_leader.exceptions import StoreAuthError, StoreError
 from celery_leader.lease.bounded import BoundedCaller, store_call
 from celery_leader.lease.timing import LeaseTiming
-from celery_leader.stores.base import Holder, LeaseStore, Watch
+from celery_leader.stores.base import Holder, LeaseRecord, LeaseStore, Watch
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +150,8 @@ class LeaseState:
     token: int | None
     valid_until: float | None
     """Monotonic end of validity, or None when not holding."""
+    hold_until: float | None = None
+    """While ``HOLDING``: when the hold-off ends and this holder may lead (same clock)."""
 
     def is_leader(self, now: float) -> bool:
         """True when this snapshot says "leader" and validity has not run out at *now*."""
@@ -172,6 +174,8 @@ class _Held:
     next_renew_at: float
     hold_until: float
     elected_at: float | None = None
+    after: str = ""
+    """Whom this term follows, for the log line that announces it (may be empty)."""
 
     def term(self) -> Term:
         return Term(self.token, self.elected_at or 0.0, self.valid_until)
@@ -226,6 +230,10 @@ class LeaseManager:
         self._failures = 0
         self._last_error: str | None = None
         self._foreign_logged = False
+        #: The last holder a failed acquire saw (thread-private), and whether the
+        #: store announced a release since: the story the logs tell.
+        self._seen: LeaseRecord | None = None
+        self._release_heard = False
         self._thread: threading.Thread | None = None
 
     # -- reading (any thread) -------------------------------------------------
@@ -261,6 +269,13 @@ class LeaseManager:
         if not state.is_leader(now) or state.valid_until is None:
             return None
         return state.valid_until - now
+
+    def hold_off_left(self) -> float | None:
+        """Seconds until a lease held in its hold-off may lead; None when not holding off."""
+        state = self.state()
+        if state.role is not Role.HOLDING or state.hold_until is None:
+            return None
+        return max(0.0, state.hold_until - self._clock())
 
     def add_listener(self, listener: Listener) -> None:
         """Call *listener* with every :class:`LeaseEvent` from now on.
@@ -371,6 +386,7 @@ class LeaseManager:
 
     def _on_store_change(self) -> None:
         if self._held is None:
+            self._release_heard = True
             self._wake.set()
 
     def step(self) -> float:
@@ -427,6 +443,7 @@ class LeaseManager:
                 return self.timing.ttl
             self._foreign_logged = False
             self._observe(ObservationKind.HOLDER_SEEN)
+            self._saw_holder(result.holder)
             # Wake when the current lease would end; a release notification
             # wakes us sooner.
             retry_in = self.timing.ttl if result.retry_in is None else result.retry_in
@@ -439,16 +456,22 @@ class LeaseManager:
             valid_until=self.timing.valid_until(t_sent),
             next_renew_at=t_sent + self.timing.renew_interval,
             hold_until=t_recv + result.hold_off,
+            after=self._predecessor(),
         )
         if result.hold_off > 0:
             logger.warning(
-                "celery-leader: the store of election %r lost its data (or is new); "
-                "holding off %.1f s before leading, in case an earlier leader still acts",
+                "celery-leader: %s holds election %r (token %d), but the store has no record "
+                "of earlier terms (a new store, or one that lost its data): waiting %.1f s "
+                "before leading, in case a leader the store forgot still acts",
+                self.holder.nodename,
                 self.name,
+                held.token,
                 result.hold_off,
             )
             with self._lock:
-                self._state = LeaseState(Role.HOLDING, held.token, held.valid_until)
+                self._state = LeaseState(
+                    Role.HOLDING, held.token, held.valid_until, hold_until=held.hold_until
+                )
         self._held = held
         return self._keep()
 
@@ -539,12 +562,43 @@ class LeaseManager:
         with self._lock:
             self._state = LeaseState(Role.LEADER, held.token, held.valid_until)
         logger.info(
-            "celery-leader: %s leads election %r (token %d)",
+            "celery-leader: %s leads election %r (token %d)%s",
             self.holder.nodename,
             self.name,
             held.token,
+            held.after,
         )
         self._emit(EventKind.ELECTED, held.term())
+
+    def _saw_holder(self, record: LeaseRecord | None) -> None:
+        """A failed acquire saw *record*: log it when the holder (or its term) is new to us."""
+        if record is None:
+            return
+        seen = self._seen
+        changed = seen is None or (seen.nodename, seen.token) != (record.nodename, record.token)
+        if changed and not self._is_us(record):
+            waits = record.hold_off
+            logger.info(
+                "celery-leader: election %r is led by %s (token %d)%s",
+                self.name,
+                record.nodename,
+                record.token,
+                f", holding off {waits:.1f} s before it acts" if waits > 0 else "",
+            )
+        self._seen = record
+        self._release_heard = False
+
+    def _is_us(self, record: LeaseRecord) -> bool:
+        """True when *record* is this process's own (a restart with the same name is not us)."""
+        return (record.nodename, record.pid) == (self.holder.nodename, self.holder.pid)
+
+    def _predecessor(self) -> str:
+        """Whom a term just acquired follows, for its announcement (empty when unknown)."""
+        seen, self._seen = self._seen, None
+        if seen is None or self._is_us(seen):
+            return ""
+        how = "which released it" if self._release_heard else "whose lease expired"
+        return f", after {seen.nodename} (token {seen.token}), {how}"
 
     def _lose(self, reason: LossReason) -> None:
         held = self._held

@@ -125,6 +125,14 @@ def serve(address: str, port: int, health: HealthSource) -> Endpoint:
         if endpoint is None:
             endpoint = Endpoint(address, port, health)
             _served[(address, port)] = endpoint
+            shown = f"[{address}]" if ":" in address else address
+            everywhere = " (every interface: set leader_metrics_address to narrow it)"
+            logger.info(
+                "celery-leader: serving /metrics and /healthz on http://%s:%d%s",
+                shown,
+                endpoint.port,
+                everywhere if address in ("0.0.0.0", "::", "") else "",  # noqa: S104 - names it
+            )
         else:
             endpoint.server.health = health
         return endpoint

@@ -37,6 +37,7 @@ from celery_leader.stores.registry import TEST_ONLY_SCHEMES, shared_store_urls
 from celery_leader.tasks import ensure_router, resolve_leader_tasks
 from celery_leader.term_end import KILLABLE_POOLS
 from celery_leader.worker import control as _control  # noqa: F401 - registers the commands
+from celery_leader.worker import missing_step as _missing_step  # noqa: F401 - connects the warning
 from celery_leader.worker.coordinator import Coordinator, current_coordinator
 from celery_leader.worker.redelivery import warn_about_visibility
 

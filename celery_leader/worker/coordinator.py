@@ -517,6 +517,11 @@ class Coordinator:
             "token": state.token if leading else None,
             "expires_in": round(left, 3) if left is not None else None,
         }
+        holding_off = self.manager.hold_off_left()
+        if holding_off is not None:
+            # The lease is ours in the store, but no leader work runs until the
+            # hold-off ends: what `celery leader status` also says.
+            view["holding_off"] = round(holding_off, 3)
         if leading and (self.stepping_down or self.shutting_down):
             view["stepping_down"] = True
             try:

@@ -31,10 +31,13 @@ app.conf.worker_hijack_root_logger = False
 class SteplessWorker(Worker):
     """A ``celery worker`` of the step-less app, on the cluster's broker."""
 
-    def __init__(self, env: dict[str, str], nodename: str, logdir: Path) -> None:
+    def __init__(
+        self, env: dict[str, str], nodename: str, logdir: Path, source: str = STEPLESS_APP
+    ) -> None:
         self.nodename = nodename
+        logdir.mkdir(parents=True, exist_ok=True)
         self.log = logdir / "stepless.log"
-        (logdir / "stepless.py").write_text(STEPLESS_APP)
+        (logdir / "stepless.py").write_text(source)
         env = {**env, "PYTHONPATH": os.pathsep.join([str(logdir), env["PYTHONPATH"]])}
         args = [
             sys.executable,
@@ -85,3 +88,35 @@ def test_worker_without_the_step_answers_disabled(cluster_for, tmp_path):
     assert code == 0
     assert status is not None
     assert status["leader"]["nodename"] == with_step.nodename
+
+
+STEPLESS_WITH_TASK = (
+    STEPLESS_APP
+    + """
+from celery_leader import leader_only
+
+
+@leader_only
+@app.task
+def settle():
+    return "settled"
+"""
+)
+
+
+def test_a_worker_with_leader_tasks_but_no_step_says_what_to_add(cluster_for, tmp_path):
+    """One warning at start names the tasks, the queue they wait in, and the line to add."""
+    cluster = cluster_for("redis")
+    plain = SteplessWorker(cluster.env, f"plain@{cluster.name}", tmp_path / "plain")
+    with_task = SteplessWorker(
+        cluster.env, f"tasks@{cluster.name}", tmp_path / "tasks", STEPLESS_WITH_TASK
+    )
+    cluster.workers.extend([plain, with_task])
+    plain.wait_ready()
+    with_task.wait_ready()
+    text = with_task.text()
+    assert "imports leader-only tasks (stepless.settle) but has no LeaderElection step" in text
+    assert f"wait in queue '{cluster.name}.leader'" in text
+    assert 'app.steps["worker"].add(LeaderElection)' in text
+    assert text.count("no LeaderElection step") == 1
+    assert "LeaderElection step" not in plain.text(), "no leader-only task, nothing to say"

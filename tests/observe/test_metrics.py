@@ -71,3 +71,32 @@ def test_a_taken_port_stops_the_start_with_one_line_naming_the_setting():
     message = str(caught.value)
     assert message.startswith(f"celery-leader: leader_beat_metrics_port={port} cannot be served")
     assert "\n" not in message
+
+
+def test_the_endpoint_logs_where_it_listens(caplog):
+    """One INFO line with the address and port; the every-interface default says so."""
+    import logging
+    import socket
+    import urllib.request
+
+    from celery_leader.observe.endpoint import serve
+    from celery_leader.observe.health import Verdict
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    caplog.set_level(logging.INFO, logger="celery_leader")
+    local = serve("127.0.0.1", port, lambda: Verdict(True, "ok"))
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{local.port}/healthz", timeout=5) as answer:
+            assert answer.status == 200
+    finally:
+        local.close()
+    wide = serve("0.0.0.0", 0, lambda: Verdict(True, "ok"))
+    wide.close()
+    lines = [r.getMessage() for r in caplog.records if "serving /metrics" in r.getMessage()]
+    assert lines[0] == f"celery-leader: serving /metrics and /healthz on http://127.0.0.1:{port}"
+    assert lines[1].startswith(
+        f"celery-leader: serving /metrics and /healthz on http://0.0.0.0:{wide.port}"
+    )
+    assert "(every interface: set leader_metrics_address" in lines[1]
