@@ -87,9 +87,11 @@ def draw_chart(figures: dict[str, Any]) -> bool:
     return chart.draw(chart.series(beat, workers), float(beat["cap"]), DOCS / "failover.png")
 
 
-def run(module: str, json_out: Path | None) -> tuple[str, dict[str, Any] | None]:
+def run(
+    module: str, json_out: Path | None, extra: list[str] | None = None
+) -> tuple[str, dict[str, Any] | None]:
     """A benchmark's printed tables (or the tail of its error), and its JSON figures."""
-    args = [sys.executable, "-m", module]
+    args = [sys.executable, "-m", module, *(extra or [])]
     if json_out is not None:
         args += ["--json", str(json_out)]
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False)
@@ -108,21 +110,29 @@ def main() -> None:
         drew = draw_chart(json.loads(FIGURES.read_text()))
         print(f"drew {DOCS / 'failover.png'}" if drew else "nothing drawn (no matplotlib?)")
         return
+    # --rounds N is handed to every benchmark (each takes it): fewer rounds, a shorter run.
+    extra = []
+    if "--rounds" in sys.argv:
+        extra = ["--rounds", sys.argv[sys.argv.index("--rounds") + 1]]
     sections, figures = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for title, module, has_json in BENCHMARKS:
             print(f"running {module} ...", flush=True)
-            output, data = run(module, Path(tmp) / f"{module}.json" if has_json else None)
+            started = dt.datetime.now(dt.timezone.utc)
+            output, data = run(module, Path(tmp) / f"{module}.json" if has_json else None, extra)
+            took = (dt.datetime.now(dt.timezone.utc) - started).total_seconds()
             if data is not None:
                 figures[module] = data
-            sections.append(f"## {title}\n\n`python -m {module}`\n\n{output}\n")
+            command = " ".join(["python -m", module, *extra])
+            sections.append(f"## {title}\n\n`{command}` ({took / 60:.0f} min)\n\n{output}\n")
     FIGURES.write_text(json.dumps(figures, indent=1) + "\n")
     drew = draw_chart(figures)
     head = [
         "# Benchmarks",
         "",
         f"Measured on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC with "
-        "`.venv/bin/python -m benchmarks.report` (which runs each command below; "
+        f"`.venv/bin/python -m benchmarks.report{''.join(' ' + a for a in extra)}` "
+        "(which runs each command below; "
         "the raw figures per round are in benchmarks.json).",
         "Timings are from one run on a small shared machine: read them as orders of",
         "magnitude and ratios, not as guarantees.",
