@@ -47,6 +47,7 @@ KNOWN_KEYS = frozenset(
         "leader_beat_standby",
         "leader_beat_missed_default",
         "leader_beat_missed",
+        "leader_beat_unled",
         "leader_azure_connection_string",
         "leader_azure_account_url",
         "leader_azure_watch_interval",
@@ -254,6 +255,22 @@ def beat_settings(conf: Mapping[str, Any]) -> BeatSettings:
 
 
 @_spelled_as_given
+def beat_unled(conf: Mapping[str, Any]) -> bool:
+    """``leader_beat_unled``: True lets a beat run a scheduler other than LeaderScheduler.
+
+    Only a real bool: "no" or "0" from an environment would be truthy.
+    """
+    value = conf.get("leader_beat_unled")
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ConfigurationError(
+            f"leader_beat_unled={value!r} is not allowed: it must be True or False"
+        )
+    return value
+
+
+@_spelled_as_given
 def leader_task_patterns(conf: Mapping[str, Any]) -> tuple[str, ...]:
     """``leader_tasks``: names or glob patterns of leader-only tasks sent by name.
 
@@ -380,6 +397,8 @@ class AppSettings:
     task_patterns: tuple[str, ...]
     names: ElectionNames
     elections: Mapping[str, ElectionSettings]
+    beat_unled: bool = False
+    """``leader_beat_unled``: a beat may run another scheduler, unled (see celery_leader.beat)."""
 
     @property
     def masked_backend_url(self) -> str:
@@ -475,6 +494,7 @@ def load_app_settings(conf: Mapping[str, Any], main: str | None = None) -> AppSe
             names.leader: ElectionSettings(names.leader, names.queue, timing),
             names.beat: ElectionSettings(names.beat, None, timing),
         },
+        beat_unled=beat_unled(conf),
     )
     _warn_unknown_keys(conf)
     return settings
@@ -518,13 +538,15 @@ _SETTINGS_ATTR = "_celery_leader_settings"
 _NAMES_ATTR = "_celery_leader_names"
 
 
-def app_settings(app: Any) -> AppSettings:
-    """The :class:`AppSettings` of *app*, read once per process and kept on the app.
+def app_settings(app: Any, *, fresh: bool = False) -> AppSettings:
+    """The :class:`AppSettings` of *app*, kept on the app for the rest of the process.
 
-    Celery reads its own configuration once when the app is finalized; a
-    ``leader_*`` key changed after the worker or beat started is not seen.
+    The worker step, beat and the CLI read them *fresh* when they start, and
+    hand them down; routing then reads the same object. A ``leader_*`` key
+    changed after that start is not seen until the next one (a test that
+    starts a new worker with other settings gets them).
     """
-    settings = getattr(app, _SETTINGS_ATTR, None)
+    settings = None if fresh else getattr(app, _SETTINGS_ATTR, None)
     if settings is None:
         settings = load_app_settings(app.conf, getattr(app, "main", None))
         setattr(app, _SETTINGS_ATTR, settings)

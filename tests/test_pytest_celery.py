@@ -76,6 +76,7 @@ def test_a_lost_lease_is_lost(lost_leader_lease):
 #: Celery's own plugin, as the README tells users of leader_worker to enable it.
 CELERY_PLUGIN_LINE = 'pytest_plugins = ("celery.contrib.pytest",)\n'
 
+#: The README's conftest.py without its pytest_plugins line: leader_worker needs no ping task.
 WORKER_CONFTEST = """
 import pytest
 from proj import app
@@ -84,11 +85,6 @@ from proj import app
 @pytest.fixture
 def celery_app():
     return app
-
-
-@pytest.fixture(scope="session")
-def celery_includes():
-    return ["celery.contrib.testing.tasks"]
 """
 
 WORKER_TESTS = """

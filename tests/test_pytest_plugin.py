@@ -1,4 +1,5 @@
-"""celery-leader's pytest fixtures, used as a project uses them: examples/testing's own suite."""
+"""celery-leader's pytest fixtures, used as a project uses them: examples/testing's own suite,
+and small projects written as a new user writes them, each run by pytest in its own process."""
 
 from __future__ import annotations
 
@@ -95,3 +96,131 @@ def test_leader_worker_leaves_the_app_and_the_process_as_they_were(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert re.search(r"^2 passed", out, flags=re.MULTILINE), out[-2000:]
+
+
+#: A project's app module, as a new user has it: its own broker URL (replaced in conftest.py
+#: by the suites that need it), its own tasks, the LeaderElection step.
+USER_APP = """
+from celery import Celery
+
+from celery_leader import LeaderElection, leader_only
+
+app = Celery("shop", broker="memory://"{backend})
+app.steps["worker"].add(LeaderElection)
+
+
+@leader_only
+@app.task(bind=True)
+def settle(self, day):
+    return {{"day": day, "token": self.request.leader_token}}
+"""
+
+USER_TEST = """
+from shop import settle
+
+
+def test_settle_runs_on_a_worker_that_leads(leader_worker):
+    assert settle.delay("2026-11-25").get(timeout=10)["token"] > 0
+"""
+
+CELERY_PLUGIN_LINE = 'pytest_plugins = ("celery.contrib.pytest",)\n'
+
+#: Celery's plugin, and celery_app returning the project's app.
+USER_CONFTEST_OVERRIDE = (
+    CELERY_PLUGIN_LINE
+    + """
+import pytest
+from shop import app
+
+
+@pytest.fixture
+def celery_app():
+    return app
+"""
+)
+
+
+def user_project(tmp_path: Path, conftest: str, *, backend: bool) -> Path:
+    """A project as a new user writes it: shop.py, conftest.py, one leader_worker test."""
+    (tmp_path / "shop.py").write_text(
+        USER_APP.format(backend=', backend="cache+memory://"' if backend else "")
+    )
+    (tmp_path / "conftest.py").write_text(conftest)
+    (tmp_path / "test_shop.py").write_text(USER_TEST)
+    return tmp_path
+
+
+def test_leader_worker_needs_no_ping_task_and_no_celery_includes(tmp_path):
+    """The user's own app with a result backend is enough: leader_worker does not need
+    Celery's ping task, so the project lists no celery_includes."""
+    project = user_project(tmp_path, USER_CONFTEST_OVERRIDE, backend=True)
+    proc = run_pytest(project, "-q", "-p", "no:cacheprovider")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert re.search(r"^1 passed", out, flags=re.MULTILINE), out[-2000:]
+
+
+def one_line_error(tmp_path: Path) -> str:
+    """Run the project, whose one test must error in leader_worker's setup; its output."""
+    proc = run_pytest(tmp_path, "-q", "-p", "no:cacheprovider")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    assert re.search(r"^1 error", out, flags=re.MULTILINE), out[-4000:]
+    return out
+
+
+def test_leader_worker_without_celerys_plugin_says_which_line_to_add(tmp_path):
+    """No celery_app fixture at all: one line names the pytest_plugins line to add,
+    instead of pytest's 'fixture not found' and its list of every fixture."""
+    out = one_line_error(user_project(tmp_path, "", backend=True))
+    assert re.search(
+        r"^leader_worker needs Celery's pytest fixtures: add "
+        + re.escape('pytest_plugins = ("celery.contrib.pytest",)')
+        + r" to your conftest\.py$",
+        out,
+        flags=re.MULTILINE,
+    ), out[-4000:]
+    assert "fixture 'celery_app' not found" not in out, out[-4000:]
+
+
+def test_leader_worker_on_celerys_empty_test_app_says_to_return_yours(tmp_path):
+    """Celery's plugin enabled, celery_app not overridden: its empty test app has none of
+    the project's tasks (they would go to the project's broker and wait there); one line
+    says to return the project's app from celery_app."""
+    out = one_line_error(user_project(tmp_path, CELERY_PLUGIN_LINE, backend=True))
+    assert re.search(
+        r"^leader_worker: the app of the celery_app fixture \('celery\.tests'\) has no "
+        r"leader-only task: define a celery_app fixture in your conftest\.py that returns "
+        r"your app$",
+        out,
+        flags=re.MULTILINE,
+    ), out[-4000:]
+
+
+def test_leader_worker_on_an_app_without_result_backend_says_what_to_set(tmp_path):
+    """The project's app has no result backend: no test could wait for a result; one line
+    gives the settings to add, instead of NotImplementedError from the test's .get()."""
+    out = one_line_error(user_project(tmp_path, USER_CONFTEST_OVERRIDE, backend=False))
+    assert re.search(
+        r"^leader_worker: the app 'shop' has no result backend: add "
+        + re.escape('app.conf.update(broker_url="memory://", result_backend="cache+memory://")')
+        + r" to your conftest\.py, before any test uses the app$",
+        out,
+        flags=re.MULTILINE,
+    ), out[-4000:]
+    assert "NotImplementedError" not in out, out[-4000:]
+
+
+def test_a_leader_worker_test_tears_down_in_well_under_a_second():
+    """Stopping the worker does not wait out the blocking loop's 2 s turns (twice) or the
+    in-memory broker's 1 s polls: the example's worker test tears down in under 1 s."""
+    proc = run_pytest(EXAMPLE, "-q", "--durations=0", "--durations-min=0", "-vv")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    found = re.search(
+        r"^([0-9.]+)s teardown +test_shop\.py::test_settle_runs_on_a_worker_that_leads$",
+        out,
+        flags=re.MULTILINE,
+    )
+    assert found, out[-3000:]
+    assert float(found.group(1)) < 1.0, out[-3000:]

@@ -147,7 +147,7 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         app = worker.app
         try:
-            self.settings: LeaderSettings = app_settings(app).worker
+            self.settings: LeaderSettings = app_settings(app, fresh=True).worker
         except ConfigurationError as exc:
             raise WorkerConfigurationError(f"celery-leader: {exc}") from None
         if _is_test_only(self.settings.backend_url) and not _in_process(worker):

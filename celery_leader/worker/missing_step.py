@@ -27,7 +27,7 @@ SHOWN = 3
 WARNING = (
     "celery-leader: this worker imports leader-only tasks ({tasks}) but has no LeaderElection "
     "step, so it never runs them: their messages wait in queue {queue!r} for a worker that has "
-    "the step. Add `app.steps[\"worker\"].add(LeaderElection)` (or `celery_leader.install(app)`) "
+    'the step. Add `app.steps["worker"].add(LeaderElection)` (or `celery_leader.install(app)`) '
     "where the app is made"
 )
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from shop import app
 
+# Celery's own fixtures, which leader_worker builds on.
 pytest_plugins = ("celery.contrib.pytest",)
 
-# Before any test touches the app: Celery keeps the first backend it made.
+# Before any test uses the app: Celery keeps the first connections and result backend it makes.
 app.conf.update(broker_url="memory://", result_backend="cache+memory://")
 
 
@@ -15,8 +16,3 @@ app.conf.update(broker_url="memory://", result_backend="cache+memory://")
 def celery_app():
     """The project's own app (Celery's fixture would build an empty test app)."""
     return app
-
-
-@pytest.fixture(scope="session")
-def celery_includes() -> list[str]:
-    return ["celery.contrib.testing.tasks"]  # the ping task a test worker is checked with
