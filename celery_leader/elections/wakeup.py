@@ -19,7 +19,18 @@ nothing, cannot delay a kill.
 
 The pipe and the shared ``wake_at`` are made before the pool forks (every
 child inherits them); a write never blocks (a full pipe already means
-"wake up").
+"wake up"), and never lands elsewhere: a process that closed the inherited
+pipe and got its number back for another file writes nothing.
+
+Assumptions. A child writes its run and then reads ``wake_at``; the
+watchdog writes ``wake_at`` and then reads the runs. Neither side can put a
+memory fence between its write and its read, so in theory each could miss
+the other's write (the store-buffer pattern). A CPU holds a write back for
+nanoseconds; each side runs many Python instructions (microseconds) between
+the two, so in practice both writes are visible. Sleeps are measured on
+``CLOCK_MONOTONIC``, deadlines on the lease clock (``CLOCK_BOOTTIME``): after
+a host suspend the watchdog finishes its sleep (at most its heartbeat)
+before it looks again.
 """
 
 from __future__ import annotations
@@ -45,6 +56,13 @@ class Wakeup:
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._read_fd, False)
         os.set_blocking(self._write_fd, False)
+        # Which pipe the write end is, so a reused descriptor number is never written to.
+        found = os.fstat(self._write_fd)
+        self._pipe = (found.st_dev, found.st_ino)
+        self.closed = False
+        # poll(), not select(): select() refuses descriptors numbered 1024 and above.
+        self._poller = select.poll()
+        self._poller.register(self._read_fd, select.POLLIN)
 
     @property
     def wake_at(self) -> float:
@@ -56,11 +74,13 @@ class Wakeup:
 
         Returns True when it wrote the wake-up byte. Any process may call it.
         """
-        if deadline >= self.wake_at:
+        if deadline >= self.wake_at or self.closed:
             return False
         # A full pipe already wakes the sleeper; a closed one means no sleeper is left.
         with suppress(BlockingIOError, OSError):
-            os.write(self._write_fd, b"\0")
+            found = os.fstat(self._write_fd)
+            if (found.st_dev, found.st_ino) == self._pipe:
+                os.write(self._write_fd, b"\0")
         return True
 
     def awake(self) -> None:
@@ -75,11 +95,9 @@ class Wakeup:
         """
         _WAKE_AT.pack_into(self._wake_at, 0, until)
         timeout = max(0.0, until - clock.now())
-        try:
-            readable, _, _ = select.select([self._read_fd], [], [], timeout)
-        except InterruptedError:
-            return True
-        if not readable:
+        # Milliseconds, rounded up: waking a little late is fine, a busy loop is not.
+        ready = self._poller.poll(math.ceil(timeout * 1000) if math.isfinite(timeout) else None)
+        if not ready:
             return False
         with suppress(BlockingIOError, OSError):
             while os.read(self._read_fd, 512):
@@ -87,7 +105,12 @@ class Wakeup:
         return True
 
     def close(self) -> None:
-        """Close both ends of the pipe in this process."""
+        """Close both ends of the pipe in this process (once; nudges then do nothing)."""
+        if self.closed:
+            return
+        self.closed = True
+        with suppress(KeyError, ValueError):
+            self._poller.unregister(self._read_fd)
         for fd in (self._read_fd, self._write_fd):
             with suppress(OSError):
                 os.close(fd)

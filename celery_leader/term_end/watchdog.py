@@ -11,6 +11,7 @@ import mmap
 import os
 import signal
 import struct
+import time
 from contextlib import suppress
 
 from celery_leader import clock
@@ -72,7 +73,11 @@ def earliest_deadline(group: SharedLeases, *, now: float | None = None) -> float
 
 
 def enforce_deadlines(
-    shared: SharedLease | SharedLeases, worker_pid: int, done: set[tuple[int, int]] | None = None
+    shared: SharedLease | SharedLeases,
+    worker_pid: int,
+    done: set[tuple[int, int]] | None = None,
+    *,
+    now: float | None = None,
 ) -> list[int]:
     """One pass of the watchdog: SIGKILL each ``terminate`` run whose term is not valid now.
 
@@ -85,13 +90,14 @@ def enforce_deadlines(
     unknown) and a child of *worker_pid*, so a stale slot whose pid was
     reused by another process is never acted on. Each kill is recorded for
     the parent (:meth:`RunTable.record_kill`). *done* remembers ``(pid,
-    start time)`` already killed, across passes. Returns the pids killed.
+    start time)`` already killed, across passes. *now* is the lease-clock
+    time to judge at (default: the lease clock). Returns the pids killed.
     """
     group = shared if isinstance(shared, SharedLeases) else shared.group
     killed = []
     done = set() if done is None else done
     for run in group.runs.busy():
-        if (run.pid, run.started) in done or not past_deadline(group, run):
+        if (run.pid, run.started) in done or not past_deadline(group, run, now=now):
             continue
         if run.running(worker_pid) and parent_of(run.pid) == worker_pid:
             group.runs.record_kill(run)  # before the kill: the parent may see the death first
@@ -102,6 +108,20 @@ def enforce_deadlines(
     if len(done) > 4 * RUN_SLOTS:
         done.clear()  # kept small; a stale entry only costs one more /proc read
     return killed
+
+
+def watch_pass(
+    group: SharedLeases, worker_pid: int, done: set[tuple[int, int]], now: float
+) -> float:
+    """One pass at lease-clock time *now*: the kills due, then when the next one is due.
+
+    Both halves judge at the same *now*: a run still valid when the kills
+    are decided is counted for the next wake-up, however late in the pass
+    its deadline falls, so no run is slept past. Returns the lease-clock
+    time of the next deadline (infinite when none).
+    """
+    enforce_deadlines(group, worker_pid, done, now=now)
+    return earliest_deadline(group, now=now)
 
 
 class Watchdog:
@@ -136,6 +156,8 @@ class Watchdog:
 
     def start(self) -> None:
         """Fork the watchdog (call before the pool forks, with as few threads as possible)."""
+        if self._wakeup.closed:  # started again after stop()
+            self._wakeup = self._shared.wakeup = Wakeup()
         worker_pid = os.getpid()
         _BEAT.pack_into(self._heartbeat, 0, clock.now(), 0)  # the new one's grace to start
         pid = os.fork()
@@ -159,15 +181,18 @@ class Watchdog:
             # From here to the sleep, any nudge wakes the next sleep: a run
             # registered while this pass reads the table is never slept past.
             self._wakeup.awake()
-            until = math.inf
-            # One bad pass must not end the watch.
-            with suppress(Exception):
-                enforce_deadlines(self._shared, worker_pid, done)
-                until = earliest_deadline(self._shared)
             now = clock.now()
+            until = now + self._heartbeat_every
+            try:
+                until = min(until, watch_pass(self._shared, worker_pid, done, now))
+            except Exception:  # noqa: BLE001 - one bad pass must not end the watch: retry soon
+                until = now + WATCH_INTERVAL
             passes += 1
-            _BEAT.pack_into(self._heartbeat, 0, now, passes)
-            self._wakeup.sleep_until(min(until, now + self._heartbeat_every))
+            _BEAT.pack_into(self._heartbeat, 0, clock.now(), passes)
+            try:
+                self._wakeup.sleep_until(until)
+            except Exception:  # noqa: BLE001 - an alarm that fails must not end the watch
+                time.sleep(WATCH_INTERVAL)
 
     def passes(self) -> int:
         """How many passes the running watchdog made (for tests and benchmarks)."""
@@ -200,11 +225,13 @@ class Watchdog:
         self.start()
 
     def stop(self) -> None:
-        """End the watchdog and reap it."""
+        """End the watchdog, reap it, and close its alarm's pipe in this process."""
         pid, self.pid = self.pid, None
-        if pid is None:
-            return
-        with suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        with suppress(ChildProcessError):
-            os.waitpid(pid, 0)
+        if pid is not None:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        if self._shared.wakeup is self._wakeup:
+            self._shared.wakeup = None
+        self._wakeup.close()

@@ -73,7 +73,7 @@ def test_a_revocation_wakes_a_sleeping_watchdog():
         revoked_at = time.monotonic()
         shared.revoke(9)
         assert child.wait(LONG_HEARTBEAT) == -signal.SIGKILL
-        assert time.monotonic() - revoked_at < 1.0
+        assert time.monotonic() - revoked_at < 0.5
     finally:
         watchdog.stop()
         child.kill()
@@ -93,7 +93,7 @@ def test_a_sleeping_watchdog_kills_at_the_deadline_with_nobody_writing():
     try:
         assert child.wait(LONG_HEARTBEAT) == -signal.SIGKILL
         took = time.monotonic() - started
-        assert ends_in - 0.05 <= took < ends_in + 1.0, took
+        assert ends_in - 0.05 <= took < ends_in + 0.5, took
     finally:
         watchdog.stop()
         child.kill()
@@ -125,7 +125,7 @@ def test_a_run_registered_just_before_its_deadline_wakes_the_watchdog():
                 os._exit(0)
         took = wait_killed(pid, LONG_HEARTBEAT)
         assert took is not None, "the run outlived its term: the watchdog slept on"
-        assert time.monotonic() - registered < ends_in + 1.0
+        assert time.monotonic() - registered < ends_in + 0.5
         pid = None
     finally:
         watchdog.stop()
@@ -133,3 +133,61 @@ def test_a_run_registered_just_before_its_deadline_wakes_the_watchdog():
             with suppress(ProcessLookupError, ChildProcessError):
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
+
+
+def test_a_pass_that_straddles_a_deadline_still_wakes_for_it():
+    """A run still valid when the pass decides its kills is the next wake-up, not skipped."""
+    from celery_leader.term_end.watchdog import watch_pass
+
+    shared = SharedLease()
+    ends_at = clock.now() + 30
+    shared.publish(8, ends_at)
+    child = sleeper()
+    try:
+        record(shared, 0, child, 8)
+        # Just before the deadline: nothing to kill, and the deadline is when to look again.
+        assert watch_pass(shared.group, os.getpid(), set(), ends_at - 1e-6) == ends_at
+        assert child.poll() is None
+        # At the deadline: killed in this pass.
+        watch_pass(shared.group, os.getpid(), set(), ends_at)
+        assert child.wait(5) == -signal.SIGKILL
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_watchdog_works_with_descriptors_past_1024_and_closes_its_pipe():
+    """Its alarm uses poll(), not select(); stop() closes the pipe: many watchdogs leak nothing."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(2048, hard), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    child = sleeper()
+    try:
+        shared = SharedLease()
+        shared.publish(5, clock.now() + 60)
+        record(shared, 0, child, 5)
+        watchdog = Watchdog(shared)
+        assert shared.group.wakeup._read_fd >= 1024
+        watchdog.start()
+        try:
+            time.sleep(0.5)
+            assert watchdog.alive()
+            shared.revoke(5)
+            assert child.wait(5) == -signal.SIGKILL
+        finally:
+            watchdog.stop()
+    finally:
+        for fd in held:
+            os.close(fd)
+        child.kill()
+        child.wait()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        spare = Watchdog(SharedLease())
+        spare.start()
+        spare.stop()
+    assert len(os.listdir("/proc/self/fd")) <= before + 2
