@@ -22,7 +22,8 @@ The package, floor by floor; each imports only from the floors above it
   ``lease_lost()``/``check_leadership()`` inside a run. *Checked*: never
   ``worker/`` or beat.
 * ``worker/`` (bootsteps, the coordinator's wiring, the gate, remote
-  control) and ``beat/`` (the scheduler, its state, the unled warning).
+  control) and ``beat/`` (the scheduler, its state, the refusal of an
+  unled beat).
   *Checked*: beat never imports ``worker/`` or the task side.
 * ``observe/``: metrics, health and their HTTP endpoint. *Checked*: never
   the worker, beat or the task side.
@@ -35,7 +36,7 @@ The package, floor by floor; each imports only from the floors above it
 from __future__ import annotations
 
 from celery_leader import signals
-from celery_leader.beat import unled as _beat_unled  # noqa: F401 - connects a beat_init warning
+from celery_leader.beat import unled as _beat_unled  # noqa: F401 - connects the unled beat's refusal
 from celery_leader.exceptions import (
     ConfigurationError,
     LeaseError,

@@ -4,21 +4,26 @@ Registered as a Celery CLI plugin (entry point group ``celery.commands``) and
 built the way Celery builds its own commands (``celery inspect``, ``celery
 purge``): :class:`~celery.bin.base.CeleryCommand` with options grouped by
 ``help_group`` (:class:`~celery.bin.base.CeleryOption`), preload options handed to
-``user_preload_options``, and errors reported through the
-:class:`~celery.bin.base.CLIContext` as ``ERROR: ...`` (``-C/--no-color``
-respected). Only names Celery 5.3.0 already had are used.
+``user_preload_options``, and ``-C/--no-color`` respected. Only names Celery
+5.3.0 already had are used.
+
+Errors are one line on stderr in the form a worker stops with over the same
+problem, ``Error: celery-leader: <message>`` (``Error`` in red on a terminal).
 
 Exit codes (each command's ``--help`` lists its own): ``status`` 0 when a
-leader holds the lease, 1 when none does; ``step-down`` 0 when the lease was
-released, 1 when no leader held it (or it was not released in time), 3 when
-the leader keeps the lease because leader tasks of its term still run in a
-pool that cannot stop them (threads, solo, gevent, eventlet: it releases when
-they end); both 2 when the store cannot be read (one line on stderr, no
-traceback). Store URLs and error messages are printed with secrets masked.
+leader holds the lease and leads, 1 when none does (nobody holds the lease,
+or its holder is still in the hold-off of a new or emptied store and does
+not lead yet); ``step-down`` 0 when the lease was released, 1 when no leader
+held it (or it was not released in time), 3 when the leader keeps the lease
+because leader tasks of its term still run in a pool that cannot stop them
+(threads, solo, gevent, eventlet: it releases when they end); both 2 when the
+store cannot be read (one line on stderr, no traceback). Store URLs and error
+messages are printed with secrets masked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -37,18 +42,27 @@ from celery_leader._masking import mask_text
 from celery_leader.exceptions import ConfigurationError, StoreError
 from celery_leader.settings import AppSettings, LeaderSettings, app_settings
 from celery_leader.stores import open_store
-from celery_leader.stores.base import LeaseRecord, LeaseStore
+from celery_leader.stores.base import Holder, LeaseRecord, LeaseStore, TokenHistory
 
 EXIT_LEADER = 0
 EXIT_NO_LEADER = 1
 EXIT_STORE_ERROR = 2
 EXIT_DRAINING = 3
 
-_Callback = TypeVar("_Callback", bound=Callable[..., Any])
+#: A holder counts as overdue once this many renew intervals passed without a renewal.
+#: A live holder renews about every interval; the half interval more allows for the
+#: renewal's own round trip and for a store clock read in whole seconds (Azure).
+OVERDUE_AFTER_INTERVALS = 1.5
 
-# Help texts, in one place so the wording is reviewed together. Each command
-# sets short_help: click would otherwise cut the docstring's first sentence
-# to fit ``celery leader --help``. A ``\b`` paragraph keeps click from
+#: What every error line starts with after ``Error: ``: the worker's own prefix.
+ERROR_SOURCE = "celery-leader: "
+
+_Callback = TypeVar("_Callback", bound=Callable[..., Any])
+_T = TypeVar("_T")
+
+# Help texts and hints, in one place so the wording is reviewed together. Each
+# command sets short_help: click would otherwise cut the docstring's first
+# sentence to fit ``celery leader --help``. A ``\b`` paragraph keeps click from
 # rewrapping the exit-code table in ``--help``.
 GROUP_SHORT_HELP = "Leader election: who leads, and handing over."
 STATUS_SHORT_HELP = "Show who holds the lease (exit 0), or that none does (1)."
@@ -56,8 +70,10 @@ STEP_DOWN_SHORT_HELP = "Ask the leader to release so that another worker leads."
 STATUS_EXIT_CODES = """\
 \b
 Exit codes:
-  0  a leader holds the lease
-  1  no leader holds it
+  0  a leader holds the lease and leads
+  1  no leader leads: nobody holds the lease, or its holder is still
+     holding off (the first holder of a new or emptied store waits one
+     ttl before it leads)
   2  the store cannot be read (unreachable, wrong credentials, bad
      leader_* settings), or the command line is wrong
 """
@@ -69,8 +85,23 @@ Exit codes:
   2  the store or the broker cannot be reached, or the command line is wrong
   3  the leader stopped taking leader work but keeps the lease until
      leader tasks its pool cannot stop (threads, solo, gevent, eventlet)
-     have ended; it releases then
+     have ended; it releases then (workers only)
 """
+#: Said when no worker ever held the workers' lease in this store.
+HINT_NO_WORKER = (
+    "no worker has ever held it in this store (new or emptied): a worker leads only when it "
+    "runs with the LeaderElection step, "
+    'app.steps["worker"].add(LeaderElection) or celery_leader.install(app)'
+)
+#: Said when no beat ever held beat's lease in this store.
+HINT_NO_BEAT = (
+    "no beat has ever held it in this store (new or emptied): a beat leads only when it "
+    'runs with beat_scheduler = "celery_leader.beat:LeaderScheduler"'
+)
+HOLD_OFF_REASON = (
+    "a new or emptied store makes its first holder wait one ttl before it leads "
+    "(an earlier leader may still act)"
+)
 
 
 def _preload_options(callback: _Callback) -> _Callback:
@@ -79,21 +110,25 @@ def _preload_options(callback: _Callback) -> _Callback:
 
 
 def _fail(ctx: click.Context, message: str) -> NoReturn:
-    """Report *message* as Celery's commands report errors, then exit 2.
+    """Report *message* as the worker reports a bad setting, then exit 2.
 
-    One line on stderr: store and broker errors can carry newlines, and a
-    second line would read like the start of a traceback. Secrets are masked,
-    since drivers quote the URL they were given.
+    ``Error: celery-leader: <message>``, the line ``celery worker`` stops
+    with for the same problem, so that both read alike (``Error`` is red on
+    a terminal, plain with ``-C``). One line on stderr: store and broker
+    errors can carry newlines, and a second line would read like the start
+    of a traceback. Secrets are masked, since drivers quote the URL they
+    were given.
     """
     cli = ctx.obj
-    cli.error(f"{cli.ERROR}: {' '.join(mask_text(message).split())}")
+    label = cli.style("Error", fg="red", bold=True)
+    cli.error(f"{label}: {ERROR_SOURCE}{' '.join(mask_text(message).split())}")
     ctx.exit(EXIT_STORE_ERROR)
 
 
 def _open(ctx: click.Context, beat: bool) -> tuple[AppSettings, LeaderSettings, LeaseStore]:
     app = ctx.obj.app
     try:
-        every = app_settings(app)
+        every = app_settings(app, fresh=True)
         settings = every.beat_election if beat else every.worker
         store = open_store(
             settings.backend_url,
@@ -105,16 +140,39 @@ def _open(ctx: click.Context, beat: bool) -> tuple[AppSettings, LeaderSettings, 
     return every, settings, store
 
 
-def _read(ctx: click.Context, store: LeaseStore, name: str) -> LeaseRecord | None:
+def _call(ctx: click.Context, call: Callable[[], _T]) -> _T:
+    """One store call; a store error ends the command with exit 2."""
     try:
-        return store.read(name)
+        return call()
     except StoreError as exc:
         _fail(ctx, str(exc))
 
 
-def _holder(record: LeaseRecord | None) -> dict[str, Any] | None:
+def _read(ctx: click.Context, store: LeaseStore, name: str) -> LeaseRecord | None:
+    return _call(ctx, lambda: store.read(name))
+
+
+def _ever_held(ctx: click.Context, store: LeaseStore, name: str) -> bool | None:
+    """Whether a term of *name* ever began in *store*; None when the store cannot say."""
+    if not isinstance(store, TokenHistory):
+        return None
+    return _call(ctx, lambda: store.last_token(name)) is not None
+
+
+def _holder(record: LeaseRecord | None, renew_interval: float) -> dict[str, Any] | None:
+    """The JSON view of a lease's holder.
+
+    ``leading`` is false while the holder holds off (``hold_off`` seconds
+    more, until ``hold_off_until``, unix time); ``renewed_ago`` is how long
+    ago its last acquire or renewal landed (null when the store cannot tell),
+    and ``overdue`` says that is more than :data:`OVERDUE_AFTER_INTERVALS`
+    renew intervals: a holder that stopped renewing (killed, paused, cut off
+    from the store) still holds the lease until it expires.
+    """
     if record is None:
         return None
+    holding_off = record.hold_off > 0
+    renewed_ago = None if record.renewed_ago is None else round(record.renewed_ago, 3)
     return {
         "nodename": record.nodename,
         "hostname": record.hostname,
@@ -123,6 +181,12 @@ def _holder(record: LeaseRecord | None) -> dict[str, Any] | None:
         "acquired_at": record.acquired_at,
         "expires_in": round(record.expires_in, 3),
         "hold_off": round(record.hold_off, 3),
+        "hold_off_until": round(time.time() + record.hold_off, 3) if holding_off else None,
+        "leading": not holding_off,
+        "renewed_ago": renewed_ago,
+        "overdue": (
+            None if renewed_ago is None else renewed_ago > OVERDUE_AFTER_INTERVALS * renew_interval
+        ),
     }
 
 
@@ -132,40 +196,116 @@ def status_payload(
     record: LeaseRecord | None,
     beat: LeaseRecord | None = None,
     *,
-    with_beat: bool = True,
+    beat_settings: LeaderSettings | None = None,
+    ever_held: bool | None = None,
 ) -> dict[str, Any]:
     """The JSON object ``leader status --json`` prints.
 
-    ``leader`` is the holder of the election asked about; when that is the
-    workers' election, ``beat`` is the holder of beat's (or null).
+    ``holder`` is whoever holds the lease of the election asked about;
+    ``leader`` is the same holder once it leads, and null while it holds off
+    (or when nobody holds the lease). ``ever_held`` says whether a term ever
+    began in this store (null: the store cannot tell). With *beat_settings*
+    (the workers' election asked about), ``beat`` is the holder of beat's.
     """
-    payload = {"name": settings.name, "store": store.url, "leader": _holder(record)}
-    if with_beat:
-        payload["beat"] = _holder(beat)
+    holder = _holder(record, settings.timing.renew_interval)
+    payload = {
+        "name": settings.name,
+        "store": store.url,
+        "leader": holder if holder is not None and holder["leading"] else None,
+        "holder": holder,
+        "renew_interval": round(settings.timing.renew_interval, 3),
+        "ever_held": True if record is not None else ever_held,
+    }
+    if beat_settings is not None:
+        payload["beat"] = _holder(beat, beat_settings.timing.renew_interval)
     return payload
 
 
-def _describe_holder(title: str, holder: dict[str, Any]) -> list[str]:
-    acquired = datetime.fromtimestamp(holder["acquired_at"], tz=timezone.utc)
-    lines = [
-        f"{title:<11} {holder['nodename']} (host {holder['hostname']}, pid {holder['pid']})",
-        f"token:      {holder['token']}",
-        f"acquired:   {acquired:%Y-%m-%d %H:%M:%S} UTC "
-        f"({max(0.0, time.time() - holder['acquired_at']):.1f} s ago)",
-        f"expires in: {holder['expires_in']:.2f} s (renewed while the holder lives)",
+def _field(label: str, text: str) -> str:
+    return f"{label:<11} {text}"
+
+
+def _who(holder: dict[str, Any]) -> str:
+    return f"{holder['nodename']} (host {holder['hostname']}, pid {holder['pid']})"
+
+
+def _utc(moment: float) -> str:
+    return f"{datetime.fromtimestamp(moment, tz=timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+
+
+def _renewal(holder: dict[str, Any], renew_interval: float) -> str:
+    every = f"renews every {renew_interval:.2g} s"
+    if holder["renewed_ago"] is None:
+        return f"unknown: its record does not say ({every})"
+    overdue = "overdue: " if holder["overdue"] else ""
+    return f"{holder['renewed_ago']:.1f} s ago ({overdue}{every})"
+
+
+def _describe_holder(holder: dict[str, Any], renew_interval: float) -> list[str]:
+    """Token, acquisition, last renewal and expiry of a holder, one line each."""
+    if holder["overdue"]:
+        expiry = "its holder has stopped renewing: if it is gone, another takes over then"
+    else:
+        expiry = "renewed while the holder lives"
+    return [
+        _field("token:", str(holder["token"])),
+        _field(
+            "acquired:",
+            f"{_utc(holder['acquired_at'])} "
+            f"({max(0.0, time.time() - holder['acquired_at']):.1f} s ago)",
+        ),
+        _field("renewed:", _renewal(holder, renew_interval)),
+        _field("expires in:", f"{holder['expires_in']:.2f} s ({expiry})"),
     ]
-    if holder["hold_off"] > 0:
-        lines.append(f"holding off {holder['hold_off']:.2f} s: the store lost its data")
-    return lines
 
 
-def _human(payload: dict[str, Any]) -> str:
-    lines = [f"election:   {payload['name']}", f"store:      {payload['store']}"]
-    leader = payload["leader"]
-    lines += ["leader:     none"] if leader is None else _describe_holder("leader:", leader)
+def _nobody(payload: dict[str, Any], hint: str) -> list[str]:
+    if payload["ever_held"] is False:
+        return [_field("leader:", "none: nobody holds the lease"), _field("hint:", hint)]
+    if payload["ever_held"]:
+        return [
+            _field(
+                "leader:",
+                "none: nobody holds the lease (held before: a standby takes it within "
+                "about one ttl, if one runs)",
+            )
+        ]
+    return [_field("leader:", "none: nobody holds the lease")]
+
+
+def _beat_summary(beat: dict[str, Any] | None) -> list[str]:
+    """Beat's holder in two lines, for the workers' status."""
+    if beat is None:
+        return [_field("beat:", "none")]
+    state = ""
+    if not beat["leading"]:
+        state = f", holding off {beat['hold_off']:.2f} s more: not sending yet"
+    elif beat["overdue"]:
+        state = f", last renewed {beat['renewed_ago']:.1f} s ago (overdue)"
+    return [_field("beat:", _who(beat) + state), _field("token:", str(beat["token"]))]
+
+
+def _human(payload: dict[str, Any], *, hint: str) -> str:
+    lines = [_field("election:", payload["name"]), _field("store:", payload["store"])]
+    holder = payload["holder"]
+    renew_interval = payload["renew_interval"]
+    if holder is None:
+        lines += _nobody(payload, hint)
+    elif holder["leading"]:
+        lines += [_field("leader:", _who(holder)), *_describe_holder(holder, renew_interval)]
+    else:
+        lines += [
+            _field("leader:", "none yet (its holder is holding off, not leading)"),
+            _field("holder:", _who(holder)),
+            _field(
+                "holds off:",
+                f"until {_utc(holder['hold_off_until'])} ({holder['hold_off']:.2f} s from "
+                f"now): {HOLD_OFF_REASON}",
+            ),
+            *_describe_holder(holder, renew_interval),
+        ]
     if "beat" in payload:
-        beat = payload["beat"]
-        lines += ["beat:       none"] if beat is None else _describe_holder("beat:", beat)[:2]
+        lines += _beat_summary(payload["beat"])
     return "\n".join(lines)
 
 
@@ -201,7 +341,10 @@ def leader(ctx: click.Context, /, **kwargs: Any) -> None:
     cls=CeleryOption,
     is_flag=True,
     help_group="Status Options",
-    help="Print one JSON object: name, store, leader (null or its holder), beat.",
+    help=(
+        "Print one JSON object: name, store, leader (null unless its holder leads), "
+        "holder, renew_interval, ever_held, beat."
+    ),
 )
 @click.option(
     "--beat",
@@ -212,21 +355,34 @@ def leader(ctx: click.Context, /, **kwargs: Any) -> None:
 )
 @click.pass_context
 def status(ctx: click.Context, as_json: bool, beat: bool) -> None:
-    """Show the current holder of the lease, or that none holds it.
+    """Show the current holder of the lease, whether it leads yet, or that none holds it.
 
     The holder's nodename, host, pid, fencing token, when it acquired the
-    lease and how long the lease has left; with the workers' election also
-    beat's holder. The store URL is shown with its password masked.
+    lease, how long ago it last renewed it (marked overdue past one and a
+    half renew intervals: it may have stopped) and how long the lease has
+    left. A holder in the hold-off of a new or emptied store does not lead
+    yet: status says until when, and exits 1. With nobody holding the lease,
+    it says whether anyone ever did. With the workers' election also beat's
+    holder. The store URL is shown with its password masked.
     """
     every, settings, store = _open(ctx, beat)
     try:
         record = _read(ctx, store, settings.name)
         beat_record = None if beat else _read(ctx, store, every.names.beat)
+        ever_held = _ever_held(ctx, store, settings.name) if record is None else True
     finally:
         store.close()
-    payload = status_payload(settings, store, record, beat_record, with_beat=not beat)
-    ctx.obj.echo(json.dumps(payload) if as_json else _human(payload))
-    ctx.exit(EXIT_LEADER if record is not None else EXIT_NO_LEADER)
+    payload = status_payload(
+        settings,
+        store,
+        record,
+        beat_record,
+        beat_settings=None if beat else every.beat_election,
+        ever_held=ever_held,
+    )
+    hint = HINT_NO_BEAT if beat else HINT_NO_WORKER
+    ctx.obj.echo(json.dumps(payload) if as_json else _human(payload, hint=hint))
+    ctx.exit(EXIT_LEADER if payload["leader"] is not None else EXIT_NO_LEADER)
 
 
 @leader.command(
@@ -242,41 +398,55 @@ def status(ctx: click.Context, as_json: bool, beat: bool) -> None:
     help_group="Step-down Options",
     help="Seconds to wait for the release.",
 )
+@click.option(
+    "--beat",
+    cls=CeleryOption,
+    is_flag=True,
+    help_group="Step-down Options",
+    help=(
+        "Step beat's leader down instead of the workers': the beat that sends releases "
+        "beat's lease and sits out one ttl, so that another beat sends."
+    ),
+)
 @click.pass_context
-def step_down(ctx: click.Context, timeout: float) -> None:
+def step_down(ctx: click.Context, timeout: float, beat: bool) -> None:
     """Ask the current leader to stop leader work and release; another worker takes over.
 
     Only the worker holding the lease acts: it stops taking leader work,
     stops its leader tasks per leader_on_loss, releases the lease and sits
     out one ttl so that a standby leads. Waits for the release, then prints
     who stepped down and who leads now.
+
+    With --beat, the beat holding beat's lease does the same: it reads the
+    request from the lease store (beat listens to no broker queue), at most
+    a second after it was written while it sends, releases once no send of
+    its term may still land unrecorded, and sits out one ttl.
     """
-    _, settings, store = _open(ctx, beat=False)
+    _, settings, store = _open(ctx, beat=beat)
     try:
         record = _read(ctx, store, settings.name)
         if record is None:
-            ctx.obj.echo(f"no leader holds election {settings.name!r}")
+            who = "beat leader" if beat else "leader"
+            ctx.obj.echo(f"no {who} holds election {settings.name!r}")
             ctx.exit(EXIT_NO_LEADER)
-        replies: Any = None
-        try:
-            replies = ctx.obj.app.control.broadcast(
-                "leader_step_down",
-                destination=[record.nodename],
-                reply=True,
-                timeout=min(timeout, 3.0),
-            )
-        except Exception as exc:  # noqa: BLE001 - any broker failure is one clear line
-            _fail(ctx, f"could not reach {record.nodename} through the broker: {exc}")
         deadline = time.monotonic() + timeout
-        successor: LeaseRecord | None = record
-        while time.monotonic() < deadline:
-            successor = _read(ctx, store, settings.name)
-            if successor is None or successor.token != record.token:
-                break
-            time.sleep(0.05)
+        if beat:
+            _ask_beat(ctx, store, settings, record, deadline)
+            replies: Any = None
+        else:
+            replies = _ask_worker(ctx, record, timeout)
+            deadline = time.monotonic() + timeout
+        successor = _await_release(ctx, store, settings.name, record, deadline)
     finally:
         store.close()
     if successor is not None and successor.token == record.token:
+        if beat:
+            ctx.obj.echo(
+                f"{record.nodename} did not release within {timeout:g} s (a beat running "
+                "celery_leader.beat:LeaderScheduler looks for the request every second while "
+                "it sends)"
+            )
+            ctx.exit(EXIT_NO_LEADER)
         draining = _draining(ctx, record.nodename)
         if draining:
             ctx.obj.echo(
@@ -289,7 +459,80 @@ def step_down(ctx: click.Context, timeout: float) -> None:
         ctx.exit(EXIT_NO_LEADER)
     ctx.obj.echo(f"{record.nodename} stepped down (token {record.token})")
     if successor is None:
-        ctx.obj.echo("now leading: nobody yet (a standby takes over within moments)")
+        standby = "another beat" if beat else "a standby"
+        ctx.obj.echo(f"now leading: nobody yet ({standby} takes over within moments)")
     else:
         ctx.obj.echo(f"now leading: {successor.nodename} (token {successor.token})")
     ctx.exit(EXIT_LEADER)
+
+
+def _ask_worker(ctx: click.Context, record: LeaseRecord, timeout: float) -> Any:
+    """Send the step-down control command to the worker holding the lease; its replies."""
+    try:
+        return ctx.obj.app.control.broadcast(
+            "leader_step_down",
+            destination=[record.nodename],
+            reply=True,
+            timeout=min(timeout, 3.0),
+        )
+    except Exception as exc:  # noqa: BLE001 - any broker failure is one clear line
+        _fail(ctx, f"could not reach {record.nodename} through the broker: {exc}")
+
+
+def _ask_beat(
+    ctx: click.Context,
+    store: LeaseStore,
+    settings: LeaderSettings,
+    record: LeaseRecord,
+    deadline: float,
+) -> None:
+    """Write a step-down request for the term of *record* where the beat leader reads it.
+
+    Beat consumes no broker queue, so the request goes through the lease
+    store: into the state of a request slot beside beat's election
+    (:func:`celery_leader.beat.scheduler.step_down_channel`), which only a
+    lease holder may write. The command takes that slot's lease for the
+    moment of the write and releases it (a concurrent request waits for it).
+    The request names the term's token, so it can only end that term: a
+    beat elected since, or a request read late, is left alone. Nothing here
+    touches beat's own lease; only its holder releases it.
+    """
+    # Imported here: every ``celery`` command loads this module, and only this one needs beat.
+    from celery_leader.beat.scheduler import (  # noqa: PLC0415
+        STEP_DOWN_KEY,
+        step_down_channel,
+        step_down_request,
+    )
+
+    channel = step_down_channel(settings.name)
+    asking = Holder.for_this_process(f"step-down-{Holder.for_this_process().nodename}")
+    while not _call(ctx, lambda: store.acquire(channel, asking, settings.timing.ttl)).acquired:
+        if time.monotonic() >= deadline:
+            ctx.obj.echo(f"another step-down request for {settings.name!r} is being written")
+            ctx.exit(EXIT_NO_LEADER)
+        time.sleep(0.05)
+    try:
+        value = step_down_request(record.token, asking.nodename)
+        written = _call(
+            ctx, lambda: store.set_state(channel, asking.lease_id, STEP_DOWN_KEY, value)
+        )
+    finally:
+        # Written or not, the slot is free again; if the release fails, its lease ends by
+        # itself within one ttl (nothing else waits for it but another request).
+        with contextlib.suppress(StoreError):
+            store.release(channel, asking.lease_id)
+    if not written:
+        _fail(ctx, f"lease store {store.url}: the step-down request could not be written")
+
+
+def _await_release(
+    ctx: click.Context, store: LeaseStore, name: str, record: LeaseRecord, deadline: float
+) -> LeaseRecord | None:
+    """The holder of *name* once the term of *record* ended, or that term's record at *deadline*."""
+    successor: LeaseRecord | None = record
+    while time.monotonic() < deadline:
+        successor = _read(ctx, store, name)
+        if successor is None or successor.token != record.token:
+            break
+        time.sleep(0.05)
+    return successor

@@ -355,6 +355,14 @@ class ElectionNames:
         return self.leader + BEAT_SUFFIX
 
 
+def step_down_slot(election: str) -> str:
+    """The lease name beside *election* through which a step-down is asked of its holder.
+
+    Used for beat's election, which listens to no broker queue.
+    """
+    return f"{election}.step-down"
+
+
 @_spelled_as_given
 def election_names(conf: Mapping[str, Any], main: str | None) -> ElectionNames:
     """The validated :class:`ElectionNames` of *conf*; needs no store setting.

@@ -22,6 +22,7 @@ XDIST_GROUPS = {
     # The demo's tests find its processes by listing the machine's; the election tests
     # run the demo's lease nodes, which those listings would see.
     "tests/test_demo.py": "demo_processes",
+    "tests/test_demo_beat.py": "demo_processes",
     "tests/lease/test_election.py": "demo_processes",
 }
 

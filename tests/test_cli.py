@@ -22,6 +22,9 @@ from harness.servers import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "s3cretpw"
+#: How the worker reports a bad setting at start (click's ``Error: `` and the package's
+#: name), and so how the leader commands report every error.
+ERROR_PREFIX = "Error: celery-leader: "
 
 APP_MODULE = """\
 import os
@@ -65,10 +68,11 @@ def cli_env(app_dir: Path, store: str, broker: str) -> dict[str, str]:
     return env
 
 
-@pytest.fixture
-def leader_cli(tmp_path: Path, redis_server: RedisServer) -> Run:
-    """Run ``celery -A cliapp leader ...``; the store defaults to the test's server."""
-    (tmp_path / "cliapp.py").write_text(APP_MODULE)
+def celery_runner(
+    app_dir: Path, default_store: str, broker: str, *, command: str = "leader"
+) -> Run:
+    """Run ``celery -A cliapp <command> ...`` (the app written into *app_dir*)."""
+    (app_dir / "cliapp.py").write_text(APP_MODULE)
 
     def run(
         *args: str,
@@ -76,22 +80,29 @@ def leader_cli(tmp_path: Path, redis_server: RedisServer) -> Run:
         ttl: str | None = None,
         env_extra: dict[str, str] | None = None,
         celery_args: tuple[str, ...] = (),
+        timeout: float = 60,
     ) -> subprocess.CompletedProcess[str]:
-        env = cli_env(tmp_path, store or redis_server.url, redis_server.url)
+        env = cli_env(app_dir, store or default_store, broker)
         if ttl is not None:
             env["CLIAPP_TTL"] = ttl
         env.update(env_extra or {})
         return subprocess.run(
-            [sys.executable, "-m", "celery", "-A", "cliapp", *celery_args, "leader", *args],
+            [sys.executable, "-m", "celery", "-A", "cliapp", *celery_args, command, *args],
             cwd=ROOT,
             env=env,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=timeout,
             check=False,
         )
 
     return run
+
+
+@pytest.fixture
+def leader_cli(tmp_path: Path, redis_server: RedisServer) -> Run:
+    """Run ``celery -A cliapp leader ...``; the store defaults to the test's server."""
+    return celery_runner(tmp_path, redis_server.url, redis_server.url)
 
 
 def hold(url: str, name: str, holder: Holder, ttl: float = 30.0) -> int:
@@ -229,10 +240,14 @@ def test_status_wrong_password_exits_2_masked(leader_cli: Run, tmp_path: Path) -
     assert "Traceback" not in proc.stderr
     assert PASSWORD not in proc.stdout + proc.stderr
     assert f"redis://:***@127.0.0.1:{server.port}/0" in lines[0]
-    assert lines[0].startswith("ERROR: "), "Celery's error style, as celery amqp prints it"
+    assert lines[0].startswith(ERROR_PREFIX), "the form the worker prints for the same error"
 
 
-@pytest.mark.parametrize("args", [("status",), ("status", "--json"), ("step-down",)], ids=" ".join)
+@pytest.mark.parametrize(
+    "args",
+    [("status",), ("status", "--json"), ("step-down",), ("step-down", "--beat")],
+    ids=" ".join,
+)
 def test_unreachable_store_exits_2_with_one_line(leader_cli: Run, args: tuple[str, ...]) -> None:
     """Nothing listening at the store: exit 2, exactly one stderr line, no traceback, masked."""
     port = free_port()
@@ -241,7 +256,7 @@ def test_unreachable_store_exits_2_with_one_line(leader_cli: Run, args: tuple[st
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert lines[0].startswith("ERROR: lease store redis://:***@"), lines[0]
+    assert lines[0].startswith(f"{ERROR_PREFIX}lease store redis://:***@"), lines[0]
     assert f"127.0.0.1:{port}" in lines[0]
     assert PASSWORD not in proc.stdout + proc.stderr
     assert proc.stdout == ""
@@ -253,10 +268,24 @@ def test_bad_ttl_exits_2_naming_the_setting(leader_cli: Run) -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("ERROR: ")
-    assert "leader_lease_ttl" in lines[0]
+    assert lines[0].startswith(f"{ERROR_PREFIX}leader_lease_ttl=0 is not allowed"), lines[0]
     assert "Traceback" not in proc.stderr
     assert proc.stdout == ""
+
+
+def test_bad_setting_reads_the_same_from_the_cli_and_the_worker(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """leader_lease_ttl = 0: `leader status` prints the very line `celery worker` stops with."""
+    worker = celery_runner(tmp_path, redis_server.url, redis_server.url, command="worker")
+    started = worker("-P", "solo", "--without-mingle", "--without-gossip", ttl="0", timeout=120)
+    assert started.returncode != 0, started.stdout + started.stderr
+    worker_errors = [line for line in started.stderr.splitlines() if line.startswith("Error")]
+    assert len(worker_errors) == 1, started.stderr
+    assert worker_errors[0].startswith(f"{ERROR_PREFIX}leader_lease_ttl=0 is not allowed")
+    status = celery_runner(tmp_path, redis_server.url, redis_server.url)("status", ttl="0")
+    assert status.returncode == 2
+    assert status.stderr.strip().splitlines() == worker_errors
 
 
 def test_step_down_unanswered_keeps_the_lease_and_exits_1(
@@ -277,6 +306,24 @@ def test_step_down_unanswered_keeps_the_lease_and_exits_1(
     assert record is not None
     assert record.nodename == "w1@h"
     assert record.token == token
+
+
+def test_step_down_beat_unanswered_keeps_the_lease_and_exits_1(
+    leader_cli: Run, redis_server: RedisServer
+) -> None:
+    """step-down --beat to a beat lease no live beat holds: exit 1 after --timeout, kept."""
+    token = hold(redis_server.url, "cliapp.beat", Holder("b1", "beat-1@h", "h", 43))
+    proc = leader_cli("step-down", "--beat", "--timeout", "1")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "beat-1@h did not release within 1 s" in proc.stdout
+    store = open_store(redis_server.url, timeout=1)
+    try:
+        record = store.read("cliapp.beat")
+        workers = store.read("cliapp")
+    finally:
+        store.close()
+    assert record is not None and record.token == token, "nobody but the holder releases"
+    assert workers is None, "the workers' election is not touched"
 
 
 def exit_code_table(help_text: str) -> dict[int, str]:
@@ -328,6 +375,9 @@ def test_command_help_lists_its_exit_codes(
     if command == "step-down":
         assert "--timeout" in table[1]
         assert "pool cannot stop" in table[3]
+        assert "--beat" in proc.stdout, "beat's leader can be stepped down too"
+    else:
+        assert "holding off" in table[1], "a holder in its hold-off does not lead yet"
 
 
 def test_usage_errors_exit_2_with_celerys_suggestions(leader_cli: Run) -> None:
@@ -383,7 +433,7 @@ def run_on_a_terminal(args: list[str], env: dict[str, str]) -> tuple[int, bytes]
 
 
 def test_error_is_red_on_a_terminal_and_plain_with_no_color(tmp_path: Path) -> None:
-    """On a terminal the error reads `ERROR: ...` with ERROR in red, as Celery's; -C: no colour."""
+    """On a terminal the error reads `Error: celery-leader: ...`, Error in red; -C: no colour."""
     (tmp_path / "cliapp.py").write_text(APP_MODULE)
     store = f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0"
     env = cli_env(tmp_path, store, store)
@@ -391,10 +441,10 @@ def test_error_is_red_on_a_terminal_and_plain_with_no_color(tmp_path: Path) -> N
     code, coloured = run_on_a_terminal([*base, "leader", "status"], env)
     assert code == 2
     assert coloured.startswith(b"\x1b["), coloured
-    assert b"\x1b[31m" in coloured.split(b"ERROR", 1)[0], "ERROR in red"
+    assert b"\x1b[31m" in coloured.split(b"Error", 1)[0], "Error in red"
     code, plain = run_on_a_terminal([*base, "--no-color", "leader", "status"], env)
     assert code == 2
-    assert plain.startswith(b"ERROR: lease store redis://:***@"), plain
+    assert plain.startswith(f"{ERROR_PREFIX}lease store redis://:***@".encode()), plain
     assert b"\x1b" not in plain
     for output in (coloured, plain):
         assert output.strip().count(b"\n") == 0, "one line"

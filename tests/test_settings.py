@@ -258,3 +258,36 @@ def test_load_settings_keeps_its_earlier_forms():
     assert beat.name == "proj.beat" and beat.metrics.port == 9101
     with pytest.raises(ValueError, match="name_suffix"):
         load_settings(conf(), "proj", name_suffix=".other")
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, False), (True, True), (False, False)])
+def test_leader_beat_unled_is_true_or_false(value, expected):
+    """leader_beat_unled: unset is False; it is read into the process's settings."""
+    from celery_leader.settings import load_app_settings
+
+    given = {} if value is None else {"leader_beat_unled": value}
+    assert load_app_settings(conf(**given), "proj").beat_unled is expected
+
+
+@pytest.mark.parametrize("value", ["yes", "True", 1, 0])
+def test_leader_beat_unled_refuses_anything_but_a_bool(value):
+    """ "yes", "True" or 1 from an environment would be a guess: only True or False."""
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings(conf(leader_beat_unled=value), "proj")
+    assert str(caught.value) == (
+        f"leader_beat_unled={value!r} is not allowed: it must be True or False"
+    )
+
+
+def test_leader_beat_unled_is_named_as_written_under_a_namespace():
+    """Under Django's namespace its error names CELERY_LEADER_BEAT_UNLED."""
+    from celery import Celery
+
+    from celery_leader.settings import beat_unled
+
+    app = Celery("proj", set_as_current=False)
+    app.config_from_object(_DjangoStyleSettings, namespace="CELERY")
+    app.conf.CELERY_LEADER_BEAT_UNLED = "no"
+    with pytest.raises(ConfigurationError) as caught:
+        beat_unled(app.conf)
+    assert str(caught.value).startswith("CELERY_LEADER_BEAT_UNLED='no' is not allowed")

@@ -4,8 +4,10 @@
   led), beat's election and the guarded send;
 * :mod:`~celery_leader.beat.state`: where each scheduler family keeps its
   entries' last runs, read and re-anchored at a takeover;
-* :mod:`~celery_leader.beat.unled`: the start-up warning for a beat with
-  leader settings under another scheduler.
+* :mod:`~celery_leader.beat.schedule_file`: one beat per local schedule
+  file (a lock beside it);
+* :mod:`~celery_leader.beat.unled`: a beat with leader settings under
+  another scheduler is refused at start (``leader_beat_unled`` allows it).
 
 The scheduler's names are loaded on first use, so ``import celery_leader``
 does not load Celery's beat.
@@ -29,7 +31,7 @@ __all__ = ["TOKEN_HEADER", "BeatElection", "LeaderScheduler", "LeaderSchedulerMi
 
 def __getattr__(name: str) -> Any:
     """Every name of :mod:`celery_leader.beat.scheduler`, as when beat was one module."""
-    if name.startswith("__") or name in ("scheduler", "state", "unled"):
+    if name.startswith("__") or name in ("scheduler", "schedule_file", "state", "unled"):
         raise AttributeError(f"module 'celery_leader.beat' has no attribute {name!r}")
     scheduler = import_module("celery_leader.beat.scheduler")  # loaded on first use
     try:

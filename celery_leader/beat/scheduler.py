@@ -24,6 +24,10 @@ Standbys, and what keeps them in step (``leader_beat_standby``):
 * ``"auto"`` (default): ``"idle"`` for shared-state schedulers, ``"reserve"``
   otherwise.
 
+Every beat writes a PersistentScheduler's schedule file, so each needs its
+own: a second beat on the same file stops at start
+(:mod:`celery_leader.beat.schedule_file`).
+
 Around a failover the time of each entry's last send is shared through the
 lease store. The lease holder writes it with its token *after* the publish
 succeeded, and only while it still holds the lease. On taking over, a new
@@ -69,14 +73,22 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from celery.beat import PersistentScheduler
 from celery.utils.imports import load_extension_class_names, symbol_by_name
 
+from celery_leader.beat.schedule_file import hold_schedule_file
 from celery_leader.beat.state import ScheduleState, schedule_time, state_of
 from celery_leader.elections.election import Election
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.exceptions import ConfigurationError, StoreCallTimeoutError, StoreError
 from celery_leader.lease.bounded import BoundedCaller, store_call
-from celery_leader.settings import BeatSettings, LeaderSettings, app_settings, spelled
+from celery_leader.settings import (
+    BeatSettings,
+    LeaderSettings,
+    app_settings,
+    spelled,
+    step_down_slot,
+)
 from celery_leader.startup_error import StartupConfigurationError
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
@@ -389,7 +401,7 @@ class LeaderSchedulerMixin:
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         try:
-            settings = app_settings(app)
+            settings = app_settings(app, fresh=True)
         except ConfigurationError as exc:
             raise StartupConfigurationError(f"celery-leader: {exc}") from None
         # Beat's election, with beat's own metrics port: it may share a host (or, under
@@ -399,6 +411,11 @@ class LeaderSchedulerMixin:
         wrapped = type(self).__mro__[2]
         self._leader_state: ScheduleState = state_of(wrapped)
         self._leader_mode = _standby_mode(app.conf, self._leader_beat, wrapped, self._leader_state)
+        filename = kwargs.get("schedule_filename")
+        if filename and issubclass(wrapped, PersistentScheduler):
+            # Before the wrapped scheduler opens the file, and also when built lazily
+            # (beat's banner): a second beat on it then stops before anything is written.
+            hold_schedule_file(app.conf, str(filename))
         super().__init__(app, *args, **kwargs)  # type: ignore[call-arg]
         if getattr(self, "lock_key", None):
             logger.info("celery-leader beat: RedBeat's lock is off; the beat lease replaces it")
@@ -471,6 +488,7 @@ class LeaderSchedulerMixin:
                 election.taking_over_since = None
                 election.ticked()
             election.seen_token = token
+        self._leader_step_down_if_asked(election, token)
         if token is None and self._leader_mode == "idle":
             return STANDBY_TICK
         interval = super().tick(*args, **kwargs)  # type: ignore[misc]
@@ -604,6 +622,63 @@ class LeaderSchedulerMixin:
             # next leader read marks that lack this send, and send it again.
             election.published(outcome)
 
+    # -- step-down through the lease store (``celery leader step-down --beat``) --
+
+    #: When this beat last looked for a step-down request (monotonic clock).
+    _leader_step_down_looked_at = 0.0
+    #: The term this beat was asked to end (it asks the lease thread once per term).
+    _leader_step_down_token: int | None = None
+
+    def _leader_step_down_if_asked(self, election: BeatElection, token: int | None) -> None:
+        """Give beat's lease up when ``celery leader step-down --beat`` asked this term to.
+
+        Beat consumes no broker queue, so the request comes through the lease
+        store (see :func:`step_down_channel`). While this beat sends, it looks
+        at most every :data:`STEP_DOWN_POLL` seconds, one store call bounded by
+        ``leader_store_timeout``. A request naming this term's token makes it
+        save its schedule (as at shutdown) and ask the lease thread to release
+        and sit out one ttl: the release guard still holds the lease while a
+        send may land unrecorded, so no slot is sent twice, and another beat
+        takes over at once. A request for any other term is ignored.
+        """
+        now = time.monotonic()
+        if (
+            token is None
+            or token == self._leader_step_down_token
+            or now - self._leader_step_down_looked_at < STEP_DOWN_POLL
+        ):
+            return
+        self._leader_step_down_looked_at = now
+        channel = step_down_channel(election.settings.name)
+        try:
+            # Bounded like beat's other store calls: a hung store holds the tick that long.
+            state = election._store_call(
+                "read step-down requests", lambda: election.store.get_state(channel)
+            )
+        except StoreError:
+            return  # looked for again at the next poll
+        if requested_token(state) != token:
+            return
+        self._leader_step_down_token = token
+        sit_out = election.settings.timing.ttl
+        logger.warning(
+            "celery-leader beat: asked to step down (token %d): releasing beat's lease, then "
+            "sitting out %g s",
+            token,
+            sit_out,
+        )
+        try:
+            self.sync()  # type: ignore[attr-defined]
+        except Exception:
+            logger.exception("celery-leader beat: could not save the schedule")
+        # Off beat's loop: the lease thread releases once no send is in flight.
+        threading.Thread(
+            target=election.manager.step_down,
+            kwargs={"sit_out": sit_out},
+            name="celery-leader-beat-step-down",
+            daemon=True,
+        ).start()
+
 
 def _shallow_copy(entry: Any) -> Any:
     """A copy of *entry* to send with extra headers, leaving the schedule's entry alone.
@@ -671,7 +746,7 @@ class LeaderScheduler:
     def __new__(cls, app: Any, *args: Any, **kwargs: Any) -> Any:
         """Build the wrapped scheduler class, led, for *app*."""
         try:
-            name = app_settings(app).beat.scheduler
+            name = app_settings(app, fresh=True).beat.scheduler
         except ConfigurationError as exc:
             raise StartupConfigurationError(f"celery-leader: {exc}") from None
         aliases = dict(load_extension_class_names("celery.beat_schedulers"))
@@ -690,3 +765,36 @@ class LeaderScheduler:
                 "scheduler to wrap, e.g. celery.beat:PersistentScheduler"
             )
         return leader_scheduler_class(wrapped)(app, *args, **kwargs)
+
+
+# -- the step-down request (written by ``celery leader step-down --beat``) ----
+
+#: The state key of the step-down request in its slot.
+STEP_DOWN_KEY = "request"
+#: The longest a sending beat goes between two looks for a step-down request, seconds.
+STEP_DOWN_POLL = 1.0
+
+
+def step_down_channel(beat_election: str) -> str:
+    """The request slot beside beat's election *beat_election*: a lease name of its own.
+
+    The command writes a request into the slot's state (anyone may, by taking
+    the slot's lease for the moment of the write); the beat leader reads it.
+    Beat's own lease and state stay the beat holder's alone. The name is
+    derived in :func:`celery_leader.settings.step_down_slot`.
+    """
+    return step_down_slot(beat_election)
+
+
+def step_down_request(token: int, by: str) -> str:
+    """The request to end the beat term *token*, as stored (*by* names who asked)."""
+    return json.dumps({"token": token, "by": by, "at": time.time()})
+
+
+def requested_token(state: dict[str, str]) -> int | None:
+    """The term the slot's *state* asks to end, or None."""
+    try:
+        token = json.loads(state[STEP_DOWN_KEY])["token"]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return token if isinstance(token, int) and not isinstance(token, bool) else None

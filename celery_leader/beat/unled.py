@@ -1,51 +1,178 @@
-"""A warning when a beat runs with celery-leader's settings but not under its scheduler.
+"""A beat with celery-leader's settings that runs another scheduler is refused at start.
 
-``celery beat -S django`` (as django-celery-beat's docs say to run it) or any
-``-S``/``beat_scheduler`` other than ``LeaderScheduler`` names its scheduler
-directly: that beat sends whether or not it holds beat's lease, and several
-such beats send every entry several times. Nothing fails, so without this
-line nobody would notice.
+``celery beat -S django`` (as django-celery-beat's docs say to run it), or any
+``-S``/``beat_scheduler`` other than ``LeaderScheduler``, names its scheduler
+directly: that beat sends whether or not it holds beat's lease, beside the
+beat that does, and every entry goes out twice. Nothing would fail, so such a
+beat stops at ``beat_init``, before its first tick, with one line
+(``Error: celery-leader: ...``, exit status 1) naming the settings as the
+project writes them and the fix.
+
+**Leader settings are present** when the configuration Celery reads sets a
+celery-leader setting (a key of :data:`~celery_leader.settings.KNOWN_KEYS`,
+found as celery-leader finds it: ``leader_lease_ttl``, or
+``CELERY_LEADER_LEASE_TTL`` under Django's ``namespace="CELERY"``) to
+anything but None or ``""``, or when ``beat_scheduler`` names
+``LeaderScheduler`` (a ``-S`` on the command line then chose the other
+scheduler). ``leader_beat_unled`` itself does not count, nor does a setting
+that merely contains "LEADER" (a Django project's ``TEAM_LEADER_EMAIL``): a
+project without any celery-leader setting runs its beat as before.
+
+``leader_beat_unled = True`` lets a beat run another scheduler anyway (one
+beat, deliberately unled, in a project whose workers elect a leader): it
+starts and says so in one info line. It changes nothing for a beat that runs
+``LeaderScheduler``.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from celery import signals
+from celery.utils.imports import load_extension_class_names
+
+from celery_leader.exceptions import ConfigurationError
+from celery_leader.settings import KNOWN_KEYS, beat_unled, spelled
 
 logger = logging.getLogger(__name__)
 
 LEADER_SCHEDULER = "celery_leader.beat:LeaderScheduler"
+#: The names ``beat_scheduler`` may give LeaderScheduler by (``-S leader`` is an alias).
+_LEADER_SCHEDULER_NAMES = frozenset(
+    {"celery_leader.beat.LeaderScheduler", "celery_leader.beat.scheduler.LeaderScheduler"}
+)
+#: The setting that lets a beat run unled; it does not make leader settings present.
+UNLED_KEY = "leader_beat_unled"
 
 
-def _has_leader_settings(conf: Any) -> bool:
-    """True when the app's configuration sets any ``leader_*`` key (any namespace)."""
-    try:
-        keys = [str(key).lower() for key in conf]
-    except Exception:  # noqa: BLE001 - a conf that cannot list keys: say nothing
-        return False
-    return any(key.startswith("leader_") or "_leader_" in key for key in keys)
+class BeatRefused(SystemExit):
+    """A beat refused at start: exit status 1, its one line already reported (:func:`refuse`).
+
+    A ``SystemExit``, not an ``Exception``: Celery's signal dispatch logs an
+    ``Exception`` raised by a ``beat_init`` receiver and carries on, and the
+    beat would go on sending. ``str()`` gives the line.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(1)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
-def warn_if_beat_is_not_led(sender: Any = None, **_: Any) -> None:
-    """``beat_init`` handler: one warning when leader settings are set but beat is not led."""
+def written(conf: Any, key: str) -> str:
+    """*key* as the project writes it, set or not: ``CELERY_BEAT_SCHEDULER`` under a namespace.
+
+    A key the configuration sets is named as it is set (see
+    :func:`celery_leader.settings.spelled`); one it does not set, as Celery
+    would look it up: with the namespace's prefix, in the prefix's case.
+    """
+    conf.get(key)  # Celery loads a configuration still pending, and its prefix, on a first read
+    name = spelled(conf, key)
+    prefix = str(getattr(conf, "prefix", None) or "")
+    if name != key or not prefix:
+        return name
+    given = f"{prefix}{key}"
+    return given.upper() if prefix.isupper() else given
+
+
+def leader_settings_present(conf: Any) -> bool:
+    """True when *conf* sets a celery-leader setting or names LeaderScheduler (module doc)."""
+    for key in KNOWN_KEYS - {UNLED_KEY}:
+        if conf.get(key) not in (None, ""):
+            return True
+    return _names_leader_scheduler(conf.get("beat_scheduler"))
+
+
+def _names_leader_scheduler(value: Any) -> bool:
+    """True when a ``beat_scheduler`` value names LeaderScheduler (imports nothing)."""
+    if isinstance(value, str):
+        aliases = dict(load_extension_class_names("celery.beat_schedulers"))
+        return aliases.get(value, value).replace(":", ".") in _LEADER_SCHEDULER_NAMES
+    if isinstance(value, type):
+        from celery_leader.beat.scheduler import (  # noqa: PLC0415 - beat is optional
+            LeaderScheduler,
+            LeaderSchedulerMixin,
+        )
+
+        return value is LeaderScheduler or issubclass(value, LeaderSchedulerMixin)
+    return False
+
+
+def in_embedded_beat_process() -> bool:
+    """True in the process ``celery worker -B`` runs its beat in.
+
+    An error raised there ends as a traceback in the worker's log (billiard
+    prints it). Celery's class for that process is private: without it, False.
+    """
+    from billiard.process import current_process  # noqa: PLC0415 - with beat only
+    from celery import beat  # noqa: PLC0415 - not loaded by import celery_leader
+
+    embedded = getattr(beat, "_Process", None)
+    return isinstance(embedded, type) and isinstance(current_process(), embedded)
+
+
+def refuse(message: str) -> BeatRefused:
+    """Report *message* in one line, and give the exit to raise.
+
+    ``celery beat`` prints it as the ``celery`` command prints a start-up
+    error (``Error: <message>``), on the process's own stderr: beat has
+    redirected ``sys.stderr`` to its log by now, which would add a log prefix
+    and a level. The beat process of ``worker -B`` logs it as an error, in
+    the worker's log, where the worker's own lines go.
+    """
+    if in_embedded_beat_process():
+        logger.error("%s", message)
+    else:
+        stream = sys.__stderr__ or sys.stderr
+        stream.write(f"Error: {message}\n")
+        stream.flush()
+    return BeatRefused(message)
+
+
+def refuse_unled_beat(sender: Any = None, **_: Any) -> None:
+    """``beat_init`` handler: stop a beat that runs another scheduler with leader settings present.
+
+    Raises :class:`BeatRefused` (after printing its one line) unless the beat
+    runs ``LeaderScheduler``, no leader setting is present, or
+    ``leader_beat_unled`` is True. Under ``worker -B`` only the embedded
+    beat stops; the worker runs on.
+    """
     from celery_leader.beat.scheduler import LeaderSchedulerMixin  # noqa: PLC0415 - beat is optional
 
     scheduler = getattr(sender, "scheduler", None)
     app = getattr(sender, "app", None)
     if scheduler is None or app is None or isinstance(scheduler, LeaderSchedulerMixin):
         return
-    if not _has_leader_settings(app.conf):
+    conf = app.conf
+    try:
+        unled = beat_unled(conf)
+    except ConfigurationError as exc:
+        raise refuse(f"celery-leader: {exc}") from None
+    if not unled and not leader_settings_present(conf):
         return
-    name = f"{type(scheduler).__module__}.{type(scheduler).__qualname__}"
-    logger.warning(
-        "celery-leader: this beat runs %s directly, not %s: it sends whether or not it holds "
-        "beat's lease. Run it with -S leader and set leader_beat_scheduler to the scheduler "
-        "to wrap.",
-        name,
-        LEADER_SCHEDULER,
+    cls = type(scheduler)
+    name = f"{cls.__module__}:{cls.__qualname__}"
+    if unled:
+        logger.info(
+            "celery-leader: this beat runs %s directly: it runs unled on purpose (%s = True) "
+            "and sends whether or not another beat holds beat's lease",
+            name,
+            written(conf, UNLED_KEY),
+        )
+        return
+    # celery worker's -S is --statedb: its beat takes the scheduler from --scheduler alone.
+    option = "--scheduler" if in_embedded_beat_process() else "-S"
+    raise refuse(
+        f"celery-leader: this beat runs {name} directly: it would send whether or not it holds "
+        f"beat's lease, beside the beat that does. Lead it: {option} leader (or no {option}, and "
+        f"{written(conf, 'beat_scheduler')} = '{LEADER_SCHEDULER}'), with "
+        f"{written(conf, 'leader_beat_scheduler')} = '{name}'; for a beat meant to run "
+        f"unled, set {written(conf, UNLED_KEY)} = True"
     )
 
 
-signals.beat_init.connect(warn_if_beat_is_not_led, weak=False)
+signals.beat_init.connect(refuse_unled_beat, weak=False)

@@ -3,7 +3,9 @@
 Starts NODES ``celery worker`` processes and one ``celery beat`` (LeaderScheduler)
 of :mod:`celery_leader.demo.app`, on kombu's filesystem broker and a SQLite
 lease store in a temporary directory unless ``--broker`` / ``--store`` say
-otherwise. It shows who leads, with which token, and the leader task runs;
+otherwise. It shows who leads, with which token, which beat sends (beat's own
+election), and the leader task runs, and says in one line what a burst of runs
+is when one happens (the ticks beat sent while no worker led, run at once);
 SIGKILLs the leader and measures the failover (from the kill to the first
 leader task elsewhere); restarts the killed worker under a new name; then asks
 the new leader to step down (``celery leader step-down``) and measures the
@@ -37,11 +39,18 @@ from typing import Any
 from celery_leader import clock
 from celery_leader._masking import mask_url
 from celery_leader.demo.lease_demo import DemoResult
+from celery_leader.settings import election_names
 from celery_leader.stores import open_store
 
 APP = "celery_leader.demo.app"
 #: Seconds between the beat's leader tasks; a new leader's first task may wait up to this long.
 TICK_SECONDS = 0.2
+#: The demo app's elections: the workers' (``demo``) and beat's.
+NAMES = election_names({}, "demo")
+#: Runs closer together than this are not ticks as beat sends them but a backlog run at once.
+BURST_GAP = TICK_SECONDS / 2
+#: How many runs that close together make a burst worth a line.
+BURST_RUNS = 3
 
 #: Shown under the summary on kombu's filesystem broker only: its figures are polled ones.
 FILESYSTEM_FOOTNOTE = (
@@ -62,6 +71,9 @@ class CeleryDemoResult(DemoResult):
     handover_request_seconds: float = 0.0
     filesystem_broker: bool = False
     runs: Counter[str] = field(default_factory=Counter)
+    #: The beat process that held beat's lease (its name in the demo), and its term.
+    beat_leader: str = ""
+    beat_token: int = 0
 
 
 class _Processes:
@@ -141,6 +153,37 @@ def _explain_no_leader(
     out(f"--- the full logs are kept in {kept}")
 
 
+@dataclass(frozen=True)
+class Burst:
+    """Leader-task runs of one worker, each less than :data:`BURST_GAP` after the one before."""
+
+    worker: str
+    count: int
+    first_at: float
+    seconds: float
+
+
+def bursts(rows: list[dict[str, Any]]) -> list[Burst]:
+    """The finished bursts of at least :data:`BURST_RUNS` runs in *rows* (lease-clock times).
+
+    Beat sends a tick every :data:`TICK_SECONDS`, so runs come that far
+    apart, unless ticks piled up in the leader queue while no worker led:
+    the next leader then runs them back to back. A burst counts once a later
+    run came at the normal pace, so it is reported whole.
+    """
+    found: list[Burst] = []
+    run: list[dict[str, Any]] = []
+    for row in sorted(rows, key=lambda r: float(r["at"])):
+        if run and (row["worker"] != run[-1]["worker"] or row["at"] - run[-1]["at"] >= BURST_GAP):
+            if len(run) >= BURST_RUNS:
+                found.append(
+                    Burst(run[0]["worker"], len(run), run[0]["at"], run[-1]["at"] - run[0]["at"])
+                )
+            run = []
+        run.append(row)
+    return found
+
+
 def _rows(path: Path) -> list[dict[str, Any]]:
     """The JSON lines the workers appended to *path* so far."""
     if not path.exists():
@@ -188,12 +231,56 @@ def run_celery_demo(
 
         def leader_now() -> tuple[str, int] | None:
             try:
-                record = lease_store.read("demo")
+                record = lease_store.read(NAMES.leader)
             except Exception:  # noqa: BLE001 - a demo keeps going through store hiccups
                 return None
             if record is None or record.hold_off > 0:
                 return None
             return record.nodename.split("@")[0], record.token
+
+        beat_seen: list[tuple[str, int, bool] | None] = [None]
+
+        def show_beat() -> None:
+            """Say which beat holds beat's lease whenever that changes."""
+            try:
+                record = lease_store.read(NAMES.beat)
+            except Exception:  # noqa: BLE001 - a demo keeps going through store hiccups
+                return
+            if record is None:
+                return
+            # The demo's own name for the process, when it started it.
+            name = next((n for n, p in procs.procs.items() if p.pid == record.pid), record.nodename)
+            now = (name, record.token, record.hold_off <= 0)
+            if now == beat_seen[0]:
+                return
+            beat_seen[0] = now
+            if record.hold_off > 0:
+                say(
+                    f"beat: {name} (pid {record.pid}) holds beat's lease and holds off "
+                    f"{record.hold_off:.1f} s more, as the workers' first leader does: it "
+                    "sends nothing yet"
+                )
+                return
+            result.beat_leader, result.beat_token = name, record.token
+            say(
+                f"beat leader: {name} (pid {record.pid}, token {record.token}): it sends the "
+                f"tick to the leader queue every {TICK_SECONDS:g} s, whichever worker leads "
+                "(beat's election is its own)"
+            )
+
+        explained: set[tuple[str, float]] = set()
+
+        def explain_bursts(rows: list[dict[str, Any]]) -> None:
+            """One line per burst of runs: what the jump in a worker's count is."""
+            for burst in bursts(rows):
+                if (burst.worker, burst.first_at) in explained:
+                    continue
+                explained.add((burst.worker, burst.first_at))
+                say(
+                    f"{burst.worker.split('@')[0]} ran {burst.count} leader tasks within "
+                    f"{burst.seconds:.2f} s: the backlog of ticks beat sent while no worker led "
+                    "(they waited in the leader queue); each ran once, on the leader"
+                )
 
         def watch_until(done: Callable[[list[dict[str, Any]]], Any], timeout: float) -> Any:
             deadline, shown = time.monotonic() + timeout, 0.0
@@ -213,6 +300,8 @@ def run_celery_demo(
                     )
                     who = f"{holder[0]} (token {holder[1]})" if holder else "nobody"
                     say(f"leader: {who:<34} leader task runs  {tally}")
+                    show_beat()
+                    explain_bursts(rows)
                 time.sleep(0.05)
             raise TimeoutError("the demo did not see what it waited for in time")
 
@@ -336,10 +425,12 @@ def run_celery_demo(
 def summary(result: CeleryDemoResult, ttl: float) -> str:
     """The closing table."""
     rising = 0 < result.first_token < result.failover_token < result.handover_token
+    beat = f"{result.beat_leader or 'none'}"
     return "\n".join(
         [
             "",
             "summary",
+            f"  beat leader          {beat:<10} token {result.beat_token}",
             f"  first leader         {result.first_leader:<10} token {result.first_token}",
             f"  failover (SIGKILL)   {result.failover_leader:<10} token {result.failover_token}"
             f"   {result.failover_seconds:.2f} s (ttl {ttl:g} s)",

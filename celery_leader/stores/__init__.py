@@ -23,7 +23,9 @@ from celery_leader.stores.base import (
     LeaseRecord,
     LeaseStore,
     LeaseStoreClass,
+    MissingExtraError,
     NullWatch,
+    TokenHistory,
     Watch,
 )
 from celery_leader.stores.registry import available_schemes, open_store
@@ -35,7 +37,9 @@ __all__ = [
     "LeaseRecord",
     "LeaseStore",
     "LeaseStoreClass",
+    "MissingExtraError",
     "NullWatch",
+    "TokenHistory",
     "Watch",
     "available_schemes",
     "open_store",

@@ -68,6 +68,12 @@ Azure's rules, and what follows from them:
   the blob's lease state (one HEAD request) every watch interval.
 * **No time left**: Azure does not say how long a lease has left;
   ``expires_in`` reports the lease duration, an upper bound.
+* **Nor when it was last renewed**: so after each renewal the holder writes
+  the renewal's time (Azure's ``Date``) into the blob's metadata, under its
+  lease, from a thread of its own so that the renewal itself stays one
+  request. Readers get ``renewed_ago`` from it, to about a second. That is
+  one more write request per renewal; a write that fails is dropped, and
+  the record then shows the renewal before it.
 
 Every call carries a timeout bounded by the store timeout, and the SDK's own
 retries are off: the lease manager retries, within the lease (the SDK's
@@ -107,6 +113,7 @@ from celery_leader.stores.base import (
     Holder,
     LeaseRecord,
     LeaseStoreClass,
+    MissingExtraError,
     Watch,
 )
 from celery_leader.stores.watch import poll
@@ -129,15 +136,16 @@ try:
     from azure.identity import DefaultAzureCredential
     from azure.storage.blob import BlobClient, BlobLeaseClient, BlobServiceClient
 except ImportError as exc:  # pragma: no cover - the extra is not installed
-    raise ImportError(
-        f"the {SCHEMES[0]} store needs the {EXTRA} extra: pip install 'celery-leader[{EXTRA}]'"
-    ) from exc
+    raise MissingExtraError(SCHEMES[0], EXTRA) from exc
 
 logger = logging.getLogger(__name__)
 
 #: Azure's allowed lease lengths, seconds.
 AZURE_TTL_RANGE = (15.0, 60.0)
 DEFAULT_WATCH_INTERVAL = 0.5
+#: The blob metadata key that holds the time of the holder's last acquire or renewal
+#: (Azure's clock, unix seconds): Azure keeps no such time for a lease.
+RENEWED_KEY = "renewed_at"
 
 #: Error codes meaning "the lease is held by someone else".
 _HELD = frozenset({"LeaseAlreadyPresent"})
@@ -231,10 +239,70 @@ def _as_dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _float_or_none(value: object) -> float | None:
+    """A number written as text (blob metadata), or None."""
+    try:
+        return float(str(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
 def _as_number(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return 0.0
     return float(value)
+
+
+class _RenewalStamps:
+    """Writes the time of each renewal into its blob's metadata, off the renewal's own path.
+
+    A renewal must answer within the store timeout, and a second request in
+    it would make a slow renewal that succeeded look failed. So ``renew()``
+    hands the time over to this one thread, which writes the latest time per
+    blob under the renewing holder's lease: Azure refuses the write once the
+    lease is no longer that holder's, so it never lands on another term. A
+    write that fails is dropped; the record then shows an earlier renewal,
+    never a later one than happened.
+    """
+
+    def __init__(self, write: Callable[[str, str, float], None]) -> None:
+        self._write = write
+        self._pending: dict[str, tuple[str, float]] = {}
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def submit(self, name: str, guid: str, at: float) -> None:
+        """Record that the lease *guid* of *name* was renewed at *at* (Azure's clock)."""
+        with self._cond:
+            if self._closed:
+                return
+            self._pending[name] = (guid, at)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="celery-leader-azure-renewals", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                name, (guid, at) = self._pending.popitem()
+            try:
+                self._write(name, guid, at)
+            except Exception as exc:  # noqa: BLE001 - only a record of the renewal, which landed
+                logger.debug("could not record the renewal of %s: %s", name, mask_text(str(exc)))
+
+    def close(self) -> None:
+        """Stop; a write in flight may still finish (its failure is dropped)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
 
 
 class AzureBlobLeaseStore:
@@ -302,6 +370,7 @@ class AzureBlobLeaseStore:
         self._timeout = timeout
         self._watch_interval = watch_interval
         self._lock = threading.Lock()
+        self._renewals = _RenewalStamps(self._stamp_renewal)
 
     @classmethod
     def from_url(
@@ -423,14 +492,22 @@ class AzureBlobLeaseStore:
         return blob.get_blob_properties(timeout=self._server_timeout())
 
     def _read_content(self, blob: BlobClient, lease: str | None = None) -> dict[str, Any]:
-        raw = blob.download_blob(lease=lease, timeout=self._server_timeout()).readall()
+        return self._download(blob, lease)[0]
+
+    def _download(
+        self, blob: BlobClient, lease: str | None = None
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """The blob's JSON content and its metadata (one GET request)."""
+        downloader = blob.download_blob(lease=lease, timeout=self._server_timeout())
+        metadata = dict(getattr(downloader.properties, "metadata", None) or {})
+        raw = downloader.readall()
         if not raw:
-            return {}
+            return {}, metadata
         try:
             data = json.loads(raw)
         except ValueError:
-            return {}
-        return _as_dict(data)
+            return {}, metadata
+        return _as_dict(data), metadata
 
     # -- the contract ---------------------------------------------------------
 
@@ -489,6 +566,8 @@ class AzureBlobLeaseStore:
                 json.dumps(content).encode(),
                 overwrite=True,
                 lease=guid,  # type: ignore[arg-type]  # the SDK takes a lease id string too
+                # Replaces any earlier term's metadata: the renewal time is this term's.
+                metadata={RENEWED_KEY: repr(now)},
                 timeout=self._server_timeout(),
             )
         return AcquireResult(acquired=True, token=token, hold_off=hold_off)
@@ -528,15 +607,31 @@ class AzureBlobLeaseStore:
         return token, hold_until, hold_off
 
     def renew(self, name: str, lease_id: str, ttl: float) -> bool:
-        """Renew our blob lease; False when Azure says it is not ours."""
+        """Renew our blob lease; False when Azure says it is not ours.
+
+        The renewal's time is written into the blob's metadata afterwards, by
+        another thread (see :class:`_RenewalStamps`): one request per
+        renewal here, whatever that write does.
+        """
+        guid = lease_guid(lease_id)
+        clock = _AzureClock()
         try:
             with self._translated("renew", not_ours=True):
-                BlobLeaseClient(self._blob(name), lease_id=lease_guid(lease_id)).renew(
-                    timeout=self._server_timeout()
+                BlobLeaseClient(self._blob(name), lease_id=guid).renew(
+                    timeout=self._server_timeout(), raw_response_hook=clock.hook
                 )
         except _NotOursError:
             return False
+        self._renewals.submit(name, guid, clock.now(self.url))
         return True
+
+    def _stamp_renewal(self, name: str, guid: str, at: float) -> None:
+        """Write *at* as the lease's last renewal, under the lease *guid* (Azure checks it)."""
+        self._blob(name).set_blob_metadata(
+            metadata={RENEWED_KEY: repr(at)},
+            lease=guid,
+            timeout=self._server_timeout(),
+        )
 
     def release(self, name: str, lease_id: str) -> bool:
         """Release our blob lease; False when it was not ours."""
@@ -558,6 +653,8 @@ class AzureBlobLeaseStore:
         if properties.lease.state != "leased":
             return None
         holder = _as_dict(self._read_content(blob).get("holder"))
+        now = clock.now(self.url)
+        renewed_at = _as_number(_float_or_none((properties.metadata or {}).get(RENEWED_KEY)))
         try:
             return LeaseRecord(
                 nodename=str(holder["nodename"]),
@@ -566,7 +663,9 @@ class AzureBlobLeaseStore:
                 token=int(holder["token"]),
                 acquired_at=float(holder["acquired_at"]),
                 expires_in=_as_number(holder.get("ttl")),
-                hold_off=max(0.0, _as_number(holder.get("hold_until")) - clock.now(self.url)),
+                hold_off=max(0.0, _as_number(holder.get("hold_until")) - now),
+                # Both times are Azure's whole-second Date headers: about a second either way.
+                renewed_ago=max(0.0, now - renewed_at) if renewed_at > 0 else None,
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -583,6 +682,15 @@ class AzureBlobLeaseStore:
         """The holder written in the blob, while the blob is leased."""
         return self._record_if_any(name)
 
+    def last_token(self, name: str) -> int | None:
+        """The fencing counter kept in the blob; None when the blob or the counter is missing."""
+        try:
+            with self._translated("read", not_ours=True):
+                raw = self._read_content(self._blob(name)).get("last_token")
+        except _NotOursError:  # no blob yet
+            return None
+        return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+
     def get_state(self, name: str) -> dict[str, str]:
         """The state kept in the blob's content."""
         try:
@@ -598,7 +706,7 @@ class AzureBlobLeaseStore:
         try:
             with self._translated("write state", not_ours=True):
                 blob = self._blob(name)
-                content = self._read_content(blob, lease=guid)
+                content, metadata = self._download(blob, lease=guid)
                 state = _as_dict(content.get("state"))
                 state[key] = value
                 content["state"] = state
@@ -606,6 +714,7 @@ class AzureBlobLeaseStore:
                     json.dumps(content).encode(),
                     overwrite=True,
                     lease=guid,  # type: ignore[arg-type]  # the SDK takes a lease id string too
+                    metadata=metadata,  # an upload replaces the metadata: keep the renewal time
                     timeout=self._server_timeout(),
                 )
         except _NotOursError:
@@ -642,6 +751,7 @@ class AzureBlobLeaseStore:
 
     def close(self) -> None:
         """Close the HTTP session."""
+        self._renewals.close()
         self._service.close()
 
 

@@ -81,6 +81,48 @@ class LeaseRecord:
     """Seconds until the lease ends unless renewed."""
     hold_off: float = 0.0
     """Seconds left before the holder may act (after the store lost its data)."""
+    renewed_ago: float | None = None
+    """Seconds since the holder's last acquire or renewal landed, on the store's clock.
+
+    A holder renews about every renew interval; a much longer gap means it
+    stopped (killed, paused, cut off from the store) and its lease ends
+    within ``expires_in`` unless renewed. None when the store cannot tell:
+    the lease was taken by a version that did not record it.
+    """
+
+
+class MissingExtraError(ImportError):
+    """A store module cannot be imported because the extra that installs its SDK is missing.
+
+    The message is the whole hint, said once: ``the azureblob:// store needs
+    the azure extra: pip install 'celery-leader[azure]'``. The registry
+    passes it on as it is, where any other import failure is wrapped in
+    "cannot be loaded".
+    """
+
+    def __init__(self, url_start: str, extra: str) -> None:
+        super().__init__(
+            f"the {url_start} store needs the {extra} extra: pip install 'celery-leader[{extra}]'"
+        )
+        self.url_start = url_start
+        self.extra = extra
+
+
+@runtime_checkable
+class TokenHistory(Protocol):
+    """An optional read a store may offer beside :class:`LeaseStore`: whether a term ever began.
+
+    ``celery leader status`` uses it to tell "nobody holds the lease now"
+    from "nobody ever held it" (no worker runs with the election step). A
+    store without it is read as "cannot tell".
+    """
+
+    def last_token(self, name: str) -> int | None:
+        """The fencing token of the latest term of *name*; None when no term was ever granted.
+
+        None too after the store lost its data (a new or emptied store
+        cannot tell either). Reads only; anyone may call it.
+        """
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ class _Lease:
     token: int
     acquired_at: float
     expires_at: float
+    #: When the last acquire or renewal landed (monotonic clock, as expires_at).
+    renewed_at: float
 
 
 @dataclass
@@ -109,7 +111,8 @@ class MemoryLeaseStore:
                 )
             token = max(self._space.tokens.get(name, 0), min_token) + 1
             self._space.tokens[name] = token
-            self._space.leases[name] = _Lease(holder, token, time.time(), time.monotonic() + ttl)
+            now = time.monotonic()
+            self._space.leases[name] = _Lease(holder, token, time.time(), now + ttl, now)
         return AcquireResult(acquired=True, token=token)
 
     def renew(self, name: str, lease_id: str, ttl: float) -> bool:
@@ -118,7 +121,8 @@ class MemoryLeaseStore:
             lease = self._live(name)
             if lease is None or lease.holder.lease_id != lease_id:
                 return False
-            lease.expires_at = time.monotonic() + ttl
+            lease.renewed_at = time.monotonic()
+            lease.expires_at = lease.renewed_at + ttl
             return True
 
     def release(self, name: str, lease_id: str) -> bool:
@@ -135,13 +139,15 @@ class MemoryLeaseStore:
 
     @staticmethod
     def _record(lease: _Lease) -> LeaseRecord:
+        now = time.monotonic()
         return LeaseRecord(
             nodename=lease.holder.nodename,
             hostname=lease.holder.hostname,
             pid=lease.holder.pid,
             token=lease.token,
             acquired_at=lease.acquired_at,
-            expires_in=max(0.0, lease.expires_at - time.monotonic()),
+            expires_in=max(0.0, lease.expires_at - now),
+            renewed_ago=max(0.0, now - lease.renewed_at),
         )
 
     def read(self, name: str) -> LeaseRecord | None:
@@ -149,6 +155,11 @@ class MemoryLeaseStore:
         with self._space.lock:
             lease = self._live(name)
             return None if lease is None else self._record(lease)
+
+    def last_token(self, name: str) -> int | None:
+        """The token of the latest term of *name*, None before the first."""
+        with self._space.lock:
+            return self._space.tokens.get(name)
 
     def get_state(self, name: str) -> dict[str, str]:
         """The state of *name*."""

@@ -65,7 +65,7 @@ What Redis can do to a lease, and what this store does about it:
   it over with a new token instead of waiting a ttl.
 
 Keys, per election name ``N`` (the braces keep them in one cluster slot):
-``celery-leader:{N}:lease`` (JSON holder record, with a TTL),
+``celery-leader:{N}:lease`` (JSON holder record with the lease's length, with a TTL),
 ``celery-leader:{N}:token`` (the fencing counter, no TTL),
 ``celery-leader:{N}:meta`` (the incarnation of the data at the last acquire,
 the server's run id for earlier versions, and the end recorded for the
@@ -245,7 +245,8 @@ class RedisLeaseStore:
     if hold_us < 0 then hold_us = 0 end
     local value = ARGV[2] .. ',"token":' .. token_text
       .. ',"acquired_at":' .. now[1] .. '.' .. string.format('%06d', tonumber(now[2]))
-      .. ',"hold_until_us":' .. string.format('%d', hold_until) .. '}'
+      .. ',"hold_until_us":' .. string.format('%d', hold_until)
+      .. ',"ttl_ms":' .. string.format('%d', tonumber(ARGV[3])) .. '}'
     redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
     local blind = 0
     if not seen then blind = 1 end
@@ -436,6 +437,15 @@ class RedisLeaseStore:
             return None
         return _parse_record(value, int(pttl_ms) / 1000, int(now_us) / 1e6)
 
+    def last_token(self, name: str) -> int | None:
+        """The fencing counter of *name*; None when it is missing (never held, or data lost)."""
+        with self._translated("read"):
+            raw = self._client.get(token_key(name))
+        try:
+            return None if raw is None else int(raw)
+        except (TypeError, ValueError):
+            return None
+
     def get_state(self, name: str) -> dict[str, str]:
         """All fields of the state hash of *name*."""
         with self._translated("read state"):
@@ -460,12 +470,24 @@ class RedisLeaseStore:
 
 
 def _parse_record(value: object, expires_in: float, now: float) -> LeaseRecord | None:
-    """Parse a lease value; None when it is not a record this store wrote."""
+    """Parse a lease value; None when it is not a record this store wrote.
+
+    The lease key lasts ``ttl_ms`` from the acquire or the renewal that last
+    landed (PEXPIRE), so that renewal was ``ttl_ms - PTTL`` ago, on the
+    server's clock. A record without ``ttl_ms`` (written by an earlier
+    version) cannot tell.
+    """
     if not isinstance(value, str):
         return None
     try:
         data = json.loads(value)
         hold_until = int(data.get("hold_until_us", 0)) / 1e6
+        ttl_ms = data.get("ttl_ms")
+        renewed_ago = (
+            max(0.0, int(ttl_ms) / 1000 - expires_in)
+            if isinstance(ttl_ms, int) and ttl_ms > 0 and expires_in >= 0
+            else None
+        )
         return LeaseRecord(
             nodename=str(data["nodename"]),
             hostname=str(data["hostname"]),
@@ -474,6 +496,7 @@ def _parse_record(value: object, expires_in: float, now: float) -> LeaseRecord |
             acquired_at=float(data["acquired_at"]),
             expires_in=expires_in,
             hold_off=max(0.0, hold_until - now) if now else 0.0,
+            renewed_ago=renewed_ago,
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         return None

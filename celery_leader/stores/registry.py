@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from celery_leader._masking import mask_url
 from celery_leader.exceptions import ConfigurationError
-from celery_leader.stores.base import LeaseStore, LeaseStoreClass
+from celery_leader.stores.base import LeaseStore, LeaseStoreClass, MissingExtraError
 
 ENTRY_POINT_GROUP = "celery_leader.stores"
 
@@ -77,7 +77,8 @@ def store_class(url: str) -> LeaseStoreClass:
 
     Raises :class:`ConfigurationError` naming ``leader_backend_url`` and the
     known schemes when none is registered, or when the class cannot be
-    loaded (the store's own message names the extra to install).
+    loaded: a store whose extra is missing (:class:`MissingExtraError`) says
+    which extra to install, once; any other import failure is quoted.
     """
     scheme = urlsplit(url).scheme.lower()
     paths = _store_paths()
@@ -88,6 +89,11 @@ def store_class(url: str) -> LeaseStoreClass:
         )
     try:
         return _load(paths[scheme])
+    except MissingExtraError as exc:
+        # The store's own message is the whole hint (which store, which extra, the
+        # pip line): wrapped in "the ... store cannot be loaded" it would name the
+        # store twice.
+        raise ConfigurationError(f"leader_backend_url={mask_url(url)!r}: {exc}") from None
     except ImportError as exc:
         raise ConfigurationError(
             f"leader_backend_url={mask_url(url)!r}: the {scheme}:// store cannot be loaded: {exc}"

@@ -127,6 +127,18 @@ _TOKEN_COLUMNS = {
     "boot_id": "TEXT NOT NULL DEFAULT ''",
     "file_id": "TEXT NOT NULL DEFAULT ''",
 }
+#: Columns of ``celery_leader_lease`` beyond the first version's: the lease's
+#: length (so the time of its last renewal is ``expires_at_us - ttl_us``; 0
+#: when a process of an earlier version took the lease, which then reads as
+#: "cannot tell").
+_LEASE_COLUMNS = {
+    "ttl_us": "INTEGER NOT NULL DEFAULT 0",
+}
+#: Every table that earlier versions made with fewer columns, and the columns to add.
+_ADDED_COLUMNS = {
+    "celery_leader_token": _TOKEN_COLUMNS,
+    "celery_leader_lease": _LEASE_COLUMNS,
+}
 
 #: How often the watcher looks for a released lease, in seconds.
 WATCH_POLL_INTERVAL = 0.05
@@ -268,21 +280,23 @@ class SQLiteLeaseStore:
 
     @staticmethod
     def _add_missing_columns(conn: sqlite3.Connection) -> None:
-        """Bring a counter table written by an earlier version up to date (once, atomically)."""
+        """Bring tables written by an earlier version up to date (once, atomically)."""
 
-        def missing() -> list[str]:
-            rows = conn.execute("PRAGMA table_info(celery_leader_token)").fetchall()
-            present = {str(row[1]) for row in rows}
-            return [column for column in _TOKEN_COLUMNS if column not in present]
+        def missing() -> list[tuple[str, str, str]]:
+            absent = []
+            for table, columns in _ADDED_COLUMNS.items():
+                rows = conn.execute(f"PRAGMA table_info({table})").fetchall()
+                present = {str(row[1]) for row in rows}
+                absent += [(table, c, kind) for c, kind in columns.items() if c not in present]
+            return absent
 
         if not missing():
             return
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for column in missing():  # again, under the write lock: another process may have
-                conn.execute(
-                    f"ALTER TABLE celery_leader_token ADD COLUMN {column} {_TOKEN_COLUMNS[column]}"
-                )
+            # Asked again under the write lock: another process may have added them.
+            for table, column, kind in missing():
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -310,7 +324,7 @@ class SQLiteLeaseStore:
     def _live_row(self, conn: sqlite3.Connection, name: str, now_us: int) -> tuple[Any, ...] | None:
         row = conn.execute(
             "SELECT lease_id, nodename, hostname, pid, token, acquired_at, boot_id,"
-            " expires_at_us, hold_until_us FROM celery_leader_lease WHERE name = ?",
+            " expires_at_us, hold_until_us, ttl_us FROM celery_leader_lease WHERE name = ?",
             (name,),
         ).fetchone()
         if row is None or row[6] != self._boot_id or row[7] <= now_us:
@@ -365,8 +379,8 @@ class SQLiteLeaseStore:
             )
             conn.execute(
                 "INSERT OR REPLACE INTO celery_leader_lease (name, lease_id, nodename, hostname,"
-                " pid, token, acquired_at, boot_id, expires_at_us, hold_until_us)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " pid, token, acquired_at, boot_id, expires_at_us, hold_until_us, ttl_us)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     name,
                     holder.lease_id,
@@ -378,6 +392,7 @@ class SQLiteLeaseStore:
                     self._boot_id,
                     now_us + ttl_us,
                     hold_until,
+                    ttl_us,
                 ),
             )
         return AcquireResult(acquired=True, token=token, hold_off=hold_off_us / 1e6)
@@ -421,6 +436,17 @@ class SQLiteLeaseStore:
             except sqlite3.Error as exc:
                 raise StoreError(f"lease store {self.url}: read failed: {exc}") from None
         return None if row is None else _record(row, now_us)
+
+    def last_token(self, name: str) -> int | None:
+        """The token of the latest term of *name*; None when the counter has none (new file)."""
+        with self._lock:
+            try:
+                row = self._conn.execute(
+                    "SELECT last_token FROM celery_leader_token WHERE name = ?", (name,)
+                ).fetchone()
+            except sqlite3.Error as exc:
+                raise StoreError(f"lease store {self.url}: read failed: {exc}") from None
+        return None if row is None else int(row[0])
 
     def get_state(self, name: str) -> dict[str, str]:
         """All state keys of *name*."""
@@ -499,6 +525,8 @@ class SQLiteLeaseStore:
 
 
 def _record(row: tuple[Any, ...], now_us: int) -> LeaseRecord:
+    # Every renewal sets the end to (its time + ttl): the last one landed ttl before the end.
+    ttl_us = int(row[9] or 0)
     return LeaseRecord(
         nodename=row[1],
         hostname=row[2],
@@ -507,6 +535,7 @@ def _record(row: tuple[Any, ...], now_us: int) -> LeaseRecord:
         acquired_at=float(row[5]),
         expires_in=(row[7] - now_us) / 1e6,
         hold_off=max(0, row[8] - now_us) / 1e6,
+        renewed_ago=max(0, ttl_us - (row[7] - now_us)) / 1e6 if ttl_us > 0 else None,
     )
 
 

@@ -114,11 +114,11 @@ def test_bad_settings_stop_beat_with_one_clear_line(cluster_for, tmp_path, env, 
 
 
 @pytest.mark.parametrize(
-    ("scheduler", "warned"),
+    ("scheduler", "refused"),
     [("celery.beat:PersistentScheduler", True), ("leader", False)],
 )
-def test_beat_not_under_the_leader_scheduler_warns(cluster_for, tmp_path, scheduler, warned):
-    """celery beat -S <another scheduler> with leader settings logs that it is not led."""
+def test_beat_not_under_the_leader_scheduler_is_refused(cluster_for, tmp_path, scheduler, refused):
+    """celery beat -S <another scheduler> with leader settings stops at start with one line."""
     cluster = cluster_for("redis")
     beat = subprocess.Popen(
         beat_command(tmp_path, "-S", scheduler),
@@ -129,17 +129,25 @@ def test_beat_not_under_the_leader_scheduler_warns(cluster_for, tmp_path, schedu
         text=True,
     )
     try:
-        time.sleep(6)
+        beat.wait(6)
+    except subprocess.TimeoutExpired:
+        pass
     finally:
-        beat.send_signal(signal.SIGTERM)
+        if beat.poll() is None:
+            beat.send_signal(signal.SIGTERM)
         output, _ = beat.communicate(timeout=30)
-    assert "beat: Starting..." in output, output[-2000:]
-    warnings = [line for line in output.splitlines() if "not celery_leader.beat" in line]
-    if warned:
-        assert len(warnings) == 1, output[-2000:]
-        assert "PersistentScheduler" in warnings[0] and "-S leader" in warnings[0]
+    errors = [line for line in output.splitlines() if line.startswith("Error: celery-leader:")]
+    if refused:
+        assert beat.returncode != 0, output[-2000:]
+        assert "Traceback" not in output, output[-3000:]
+        assert len(errors) == 1, output[-2000:]
+        assert errors[0].startswith(
+            "Error: celery-leader: this beat runs celery.beat:PersistentScheduler directly"
+        )
+        assert "-S leader" in errors[0]
     else:
-        assert warnings == [], output[-2000:]
+        assert "beat: Starting..." in output, output[-2000:]
+        assert errors == [], output[-2000:]
 
 
 def leader_errors(worker):

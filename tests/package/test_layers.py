@@ -106,9 +106,8 @@ def test_lease_names_and_queues_are_derived_in_settings_only():
     import pathlib
     import re
 
-    derive = re.compile(
-        r"""BEAT_SUFFIX|f["'][^"']*\}\.(leader|beat)["']|\+ ["']\.(leader|beat)["']"""
-    )
+    suffix = r"\.(leader|beat|step-down)[\"']"
+    derive = re.compile(rf"""BEAT_SUFFIX|f["'][^"']*\}}{suffix}|\+ ["']{suffix}""")
     root = pathlib.Path(__file__).resolve().parents[2] / "celery_leader"
     offenders = [
         str(path.relative_to(root))

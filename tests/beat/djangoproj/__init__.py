@@ -1,0 +1,1 @@
+"""A small Django project with django-celery-beat, configured from the environment."""
