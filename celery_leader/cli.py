@@ -10,10 +10,10 @@ purge``): :class:`~celery.bin.base.CeleryCommand` with options grouped by
 Errors are one line on stderr in the form a worker stops with over the same
 problem, ``Error: celery-leader: <message>`` (``Error`` in red on a terminal).
 
-Exit codes (each command's ``--help`` lists its own): ``status`` 0 when a
-leader holds the lease and leads, 1 when none does (nobody holds the lease,
-or its holder is still in the hold-off of a new or emptied store and does
-not lead yet); ``step-down`` 0 when the lease was released, 1 when no leader
+Exit codes (each command's ``--help`` lists its own): ``status`` 0 when
+somebody holds the lease (also a holder still in the hold-off of a new or
+emptied store, which does not lead yet: the output says so), 1 when nobody
+does; ``step-down`` 0 when the lease was released, 1 when no leader
 held it (or it was not released in time), 3 when the leader keeps the lease
 because leader tasks of its term still run in a pool that cannot stop them
 (threads, solo, gevent, eventlet: it releases when they end); both 2 when the
@@ -70,10 +70,10 @@ STEP_DOWN_SHORT_HELP = "Ask the leader to release so that another worker leads."
 STATUS_EXIT_CODES = """\
 \b
 Exit codes:
-  0  a leader holds the lease and leads
-  1  no leader leads: nobody holds the lease, or its holder is still
-     holding off (the first holder of a new or emptied store waits one
-     ttl before it leads)
+  0  somebody holds the lease (the output says when its holder is
+     still holding off: the first holder of a new or emptied store
+     waits one ttl before it leads)
+  1  nobody holds the lease
   2  the store cannot be read (unreachable, wrong credentials, bad
      leader_* settings), or the command line is wrong
 """
@@ -156,7 +156,10 @@ def _ever_held(ctx: click.Context, store: LeaseStore, name: str) -> bool | None:
     """Whether a term of *name* ever began in *store*; None when the store cannot say."""
     if not isinstance(store, TokenHistory):
         return None
-    return _call(ctx, lambda: store.last_token(name)) is not None
+    try:  # only a hint: a failed look leaves it out, the status itself was read
+        return store.last_token(name) is not None
+    except StoreError:
+        return None
 
 
 def _holder(record: LeaseRecord | None, renew_interval: float) -> dict[str, Any] | None:
@@ -201,17 +204,18 @@ def status_payload(
 ) -> dict[str, Any]:
     """The JSON object ``leader status --json`` prints.
 
-    ``holder`` is whoever holds the lease of the election asked about;
-    ``leader`` is the same holder once it leads, and null while it holds off
-    (or when nobody holds the lease). ``ever_held`` says whether a term ever
-    began in this store (null: the store cannot tell). With *beat_settings*
+    ``leader`` and ``holder`` are whoever holds the lease of the election
+    asked about (null when nobody does); ``leading`` in it is false while the
+    holder waits out a first-start hold-off, when it does no leader work yet.
+    ``ever_held`` says whether a term ever began in this store (null: the
+    store cannot tell). With *beat_settings*
     (the workers' election asked about), ``beat`` is the holder of beat's.
     """
     holder = _holder(record, settings.timing.renew_interval)
     payload = {
         "name": settings.name,
         "store": store.url,
-        "leader": holder if holder is not None and holder["leading"] else None,
+        "leader": holder,
         "holder": holder,
         "renew_interval": round(settings.timing.renew_interval, 3),
         "ever_held": True if record is not None else ever_held,
@@ -361,7 +365,7 @@ def status(ctx: click.Context, as_json: bool, beat: bool) -> None:
     lease, how long ago it last renewed it (marked overdue past one and a
     half renew intervals: it may have stopped) and how long the lease has
     left. A holder in the hold-off of a new or emptied store does not lead
-    yet: status says until when, and exits 1. With nobody holding the lease,
+    yet: status says so and until when (exit 0: it holds the lease). With nobody holding the lease,
     it says whether anyone ever did. With the workers' election also beat's
     holder. The store URL is shown with its password masked.
     """
@@ -382,6 +386,7 @@ def status(ctx: click.Context, as_json: bool, beat: bool) -> None:
     )
     hint = HINT_NO_BEAT if beat else HINT_NO_WORKER
     ctx.obj.echo(json.dumps(payload) if as_json else _human(payload, hint=hint))
+    # The contract's codes: 0 while somebody holds the lease (also in its hold-off).
     ctx.exit(EXIT_LEADER if payload["leader"] is not None else EXIT_NO_LEADER)
 
 
@@ -430,6 +435,14 @@ def step_down(ctx: click.Context, timeout: float, beat: bool) -> None:
             ctx.obj.echo(f"no {who} holds election {settings.name!r}")
             ctx.exit(EXIT_NO_LEADER)
         deadline = time.monotonic() + timeout
+        if beat and record.hold_off > 0:
+            # It does not send yet, so it does not look for requests: one left now would
+            # be acted on only after this command gave up.
+            ctx.obj.echo(
+                f"{record.nodename} holds beat's lease but is holding off "
+                f"{record.hold_off:.1f} s more and sends nothing yet: ask again after that"
+            )
+            ctx.exit(EXIT_NO_LEADER)
         if beat:
             _ask_beat(ctx, store, settings, record, deadline)
             replies: Any = None
@@ -494,7 +507,8 @@ def _ask_beat(
     lease holder may write. The command takes that slot's lease for the
     moment of the write and releases it (a concurrent request waits for it).
     The request names the term's token, so it can only end that term: a
-    beat elected since, or a request read late, is left alone. Nothing here
+    beat elected since is left alone (a request read after this command
+    gave up may still end the term it names). Nothing here
     touches beat's own lease; only its holder releases it.
     """
     # Imported here: every ``celery`` command loads this module, and only this one needs beat.

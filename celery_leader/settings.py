@@ -518,7 +518,8 @@ def load_settings(
     """
     settings = load_app_settings(conf, main)
     if name_suffix not in ("", BEAT_SUFFIX):
-        raise ValueError(f"name_suffix={name_suffix!r}: use '' or {BEAT_SUFFIX!r}")
+        # Another suffix names an election of its own, as in earlier releases.
+        return replace(settings.worker, name=settings.names.leader + name_suffix)
     view = settings.for_election(settings.names.leader + name_suffix)
     # Earlier releases gave beat's election the worker's metrics port here.
     return replace(view, metrics=settings.metrics) if name_suffix else view
@@ -538,7 +539,14 @@ def _warn_unknown_keys(conf: Mapping[str, Any]) -> None:
         close = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
         meant = f"{prefix}{close[0]}".upper() if close and prefix else (close or [""])[0]
         hint = f"; did you mean {meant}?" if meant else ""
+        if (given, hint) in _warned:
+            continue  # settings are read at every start (beat builds its scheduler twice)
+        _warned.add((given, hint))
         logger.warning("celery-leader: %s is not a celery-leader setting%s", given, hint)
+
+
+#: Unknown keys warned about in this process: each is named once.
+_warned: set[tuple[object, str]] = set()
 
 
 #: Where an app keeps the settings its process read (see :func:`app_settings`).

@@ -192,6 +192,10 @@ def start_leader_worker(
         if coordinator is not None and coordinator is not previous_coordinator:
             coordinator.uninstall()
         conf.leader_backend_url = previous_url
+        # The worker step read its settings (the memory:// store) onto the app: the next
+        # start, and routing meanwhile, read the app's own again.
+        for kept in ("_celery_leader_settings", "_celery_leader_names"):
+            app.__dict__.pop(kept, None)
         if polls_faster:
             conf.broker_transport_options = previous_transport_options
         if added_step:

@@ -29,6 +29,8 @@ Guarantees:
   logged once and not locked: the beat then runs as it would without this
   check. Deleting the lock file while a beat runs defeats the check for the
   next beat.
+* The lock is an ``flock``: it holds between processes of one host on a
+  local file system. On NFS it may hold on one host only, or not at all.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def hold_schedule_file(conf: Any, filename: str) -> None:
     another process holds it; *conf* names ``beat_schedule_filename`` as the
     project writes it.
     """
-    path = os.path.abspath(filename)
+    path = os.path.realpath(filename)  # a symlinked name locks the same file
     lock_path = path + LOCK_SUFFIX
     with _guard:
         try:

@@ -185,6 +185,9 @@ class BeatElection:
         self._landing_lock = threading.Lock()
         #: Runs beat's store calls, each bounded by the store timeout.
         self._calls = BoundedCaller(f"{settings.name}:beat-loop")
+        # Looks for step-down requests have helpers of their own: a stalled store
+        # must not let them use up the budget that the send marks need.
+        self._request_calls = BoundedCaller(f"{settings.name}:beat-step-down")
         #: True while Celery connects to the broker for this beat (it may retry for minutes).
         self.connecting = False
         #: When this beat began taking a term over (reading a long schedule), or None.
@@ -225,6 +228,7 @@ class BeatElection:
                 self.manager.stop(release=True)
                 self._started = False
         self._calls.close()
+        self._request_calls.close()
         self.store.close()
 
     # -- liveness -------------------------------------------------------------
@@ -317,6 +321,16 @@ class BeatElection:
         """
         return store_call(
             self._calls.call, fn, self.settings.timing.op_timeout, what, self.store.url
+        )
+
+    def read_step_down_requests(self, channel: str) -> dict[str, str]:
+        """The state of the step-down slot *channel*, within ``leader_store_timeout``."""
+        return store_call(
+            self._request_calls.call,
+            lambda: self.store.get_state(channel),
+            self.settings.timing.op_timeout,
+            "read step-down requests",
+            self.store.url,
         )
 
     def refresh_marks(self) -> bool:
@@ -642,19 +656,19 @@ class LeaderSchedulerMixin:
         takes over at once. A request for any other term is ignored.
         """
         now = time.monotonic()
+        # At most once a renew interval (and a second): one read each time, per beat leader.
+        every = max(STEP_DOWN_POLL, election.settings.timing.renew_interval)
         if (
             token is None
             or token == self._leader_step_down_token
-            or now - self._leader_step_down_looked_at < STEP_DOWN_POLL
+            or now - self._leader_step_down_looked_at < every
         ):
             return
         self._leader_step_down_looked_at = now
         channel = step_down_channel(election.settings.name)
         try:
             # Bounded like beat's other store calls: a hung store holds the tick that long.
-            state = election._store_call(
-                "read step-down requests", lambda: election.store.get_state(channel)
-            )
+            state = election.read_step_down_requests(channel)
         except StoreError:
             return  # looked for again at the next poll
         if requested_token(state) != token:

@@ -1,4 +1,4 @@
-"""A beat with celery-leader's settings that runs another scheduler is refused at start.
+"""A beat meant to be led that runs another scheduler is refused at start.
 
 ``celery beat -S django`` (as django-celery-beat's docs say to run it), or any
 ``-S``/``beat_scheduler`` other than ``LeaderScheduler``, names its scheduler
@@ -8,19 +8,21 @@ beat stops at ``beat_init``, before its first tick, with one line
 (``Error: celery-leader: ...``, exit status 1) naming the settings as the
 project writes them and the fix.
 
-**Leader settings are present** when the configuration Celery reads sets a
-celery-leader setting (a key of :data:`~celery_leader.settings.KNOWN_KEYS`,
-found as celery-leader finds it: ``leader_lease_ttl``, or
-``CELERY_LEADER_LEASE_TTL`` under Django's ``namespace="CELERY"``) to
-anything but None or ``""``, or when ``beat_scheduler`` names
-``LeaderScheduler`` (a ``-S`` on the command line then chose the other
-scheduler). ``leader_beat_unled`` itself does not count, nor does a setting
-that merely contains "LEADER" (a Django project's ``TEAM_LEADER_EMAIL``): a
-project without any celery-leader setting runs its beat as before.
+**A beat is meant to be led** when the configuration Celery reads names
+``LeaderScheduler`` in ``beat_scheduler`` (a ``-S`` on the command line then
+chose the other scheduler) or sets one of celery-leader's beat settings
+(``leader_beat_*``, found as celery-leader finds them: ``CELERY_LEADER_BEAT_SCHEDULER``
+under Django's ``namespace="CELERY"``) to anything but None or ``""``.
+``leader_beat_unled`` itself does not count.
+
+A project that sets only the workers' settings (``leader_backend_url``, say,
+which a non-Redis broker needs) may run one plain beat on purpose: its beat
+starts, with one warning that it is not led. A setting that merely contains
+"LEADER" (a Django project's ``TEAM_LEADER_EMAIL``) counts for neither.
 
 ``leader_beat_unled = True`` lets a beat run another scheduler anyway (one
-beat, deliberately unled, in a project whose workers elect a leader): it
-starts and says so in one info line. It changes nothing for a beat that runs
+beat, deliberately unled): it starts and says so in one info line, instead
+of being refused or warned about. It changes nothing for a beat that runs
 ``LeaderScheduler``.
 """
 
@@ -79,6 +81,14 @@ def written(conf: Any, key: str) -> str:
     return given.upper() if prefix.isupper() else given
 
 
+def beat_meant_to_be_led(conf: Any) -> bool:
+    """True when *conf* names LeaderScheduler or sets a ``leader_beat_*`` setting (module doc)."""
+    for key in KNOWN_KEYS - {UNLED_KEY}:
+        if key.startswith("leader_beat_") and conf.get(key) not in (None, ""):
+            return True
+    return _names_leader_scheduler(conf.get("beat_scheduler"))
+
+
 def leader_settings_present(conf: Any) -> bool:
     """True when *conf* sets a celery-leader setting or names LeaderScheduler (module doc)."""
     for key in KNOWN_KEYS - {UNLED_KEY}:
@@ -134,11 +144,12 @@ def refuse(message: str) -> BeatRefused:
 
 
 def refuse_unled_beat(sender: Any = None, **_: Any) -> None:
-    """``beat_init`` handler: stop a beat that runs another scheduler with leader settings present.
+    """``beat_init`` handler: stop a beat meant to be led that runs another scheduler.
 
-    Raises :class:`BeatRefused` (after printing its one line) unless the beat
-    runs ``LeaderScheduler``, no leader setting is present, or
-    ``leader_beat_unled`` is True. Under ``worker -B`` only the embedded
+    Raises :class:`BeatRefused` (after printing its one line) when the beat
+    does not run ``LeaderScheduler``, is meant to be led (module doc) and
+    ``leader_beat_unled`` is not True; warns once when only the workers'
+    settings are present. Under ``worker -B`` only the embedded
     beat stops; the worker runs on.
     """
     from celery_leader.beat.scheduler import LeaderSchedulerMixin  # noqa: PLC0415 - beat is optional
@@ -166,12 +177,24 @@ def refuse_unled_beat(sender: Any = None, **_: Any) -> None:
         return
     # celery worker's -S is --statedb: its beat takes the scheduler from --scheduler alone.
     option = "--scheduler" if in_embedded_beat_process() else "-S"
-    raise refuse(
-        f"celery-leader: this beat runs {name} directly: it would send whether or not it holds "
-        f"beat's lease, beside the beat that does. Lead it: {option} leader (or no {option}, and "
+    fix = (
+        f"Lead it: {option} leader (or no {option}, and "
         f"{written(conf, 'beat_scheduler')} = '{LEADER_SCHEDULER}'), with "
         f"{written(conf, 'leader_beat_scheduler')} = '{name}'; for a beat meant to run "
         f"unled, set {written(conf, UNLED_KEY)} = True"
+    )
+    if not beat_meant_to_be_led(conf):
+        # Only the workers' settings: one plain beat may be the project's choice.
+        logger.warning(
+            "celery-leader: this beat runs %s directly, not under LeaderScheduler: it is not "
+            "led, and a second beat like it would send every entry again. %s",
+            name,
+            fix,
+        )
+        return
+    raise refuse(
+        f"celery-leader: this beat runs {name} directly: it would send whether or not it holds "
+        f"beat's lease, beside the beat that does. {fix}"
     )
 
 

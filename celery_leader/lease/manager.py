@@ -65,6 +65,11 @@ from celery_leader.stores.base import Holder, LeaseRecord, LeaseStore, Watch
 logger = logging.getLogger(__name__)
 
 
+#: Seconds before the end of the lease a follower last saw that a take-over must come to
+#: count as following a release (the clocks of two reads differ by a little).
+RELEASE_SLACK = 0.05
+
+
 class Role(enum.Enum):
     """Where a manager stands in its election."""
 
@@ -233,6 +238,7 @@ class LeaseManager:
         #: The last holder a failed acquire saw (thread-private), and whether the
         #: store announced a release since: the story the logs tell.
         self._seen: LeaseRecord | None = None
+        self._seen_until = 0.0
         self._release_heard = False
         self._thread: threading.Thread | None = None
 
@@ -586,6 +592,7 @@ class LeaseManager:
                 f", holding off {waits:.1f} s before it acts" if waits > 0 else "",
             )
         self._seen = record
+        self._seen_until = self._clock() + record.expires_in
         self._release_heard = False
 
     def _is_us(self, record: LeaseRecord) -> bool:
@@ -597,7 +604,14 @@ class LeaseManager:
         seen, self._seen = self._seen, None
         if seen is None or self._is_us(seen):
             return ""
-        how = "which released it" if self._release_heard else "whose lease expired"
+        # A watch call-back alone proves nothing (a watch also calls back when it
+        # reconnects): released means heard of, and taken before the lease's end.
+        if not seen.expires_in_exact:
+            how = "whose lease ended (released or expired: the store does not say which)"
+        elif self._release_heard and self._clock() < self._seen_until - RELEASE_SLACK:
+            how = "which released it"
+        else:
+            how = "whose lease expired"
         return f", after {seen.nodename} (token {seen.token}), {how}"
 
     def _lose(self, reason: LossReason) -> None:

@@ -666,6 +666,7 @@ class AzureBlobLeaseStore:
                 hold_off=max(0.0, _as_number(holder.get("hold_until")) - now),
                 # Both times are Azure's whole-second Date headers: about a second either way.
                 renewed_ago=max(0.0, now - renewed_at) if renewed_at > 0 else None,
+                expires_in_exact=False,
             )
         except (KeyError, TypeError, ValueError):
             return None

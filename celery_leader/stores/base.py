@@ -89,6 +89,8 @@ class LeaseRecord:
     within ``expires_in`` unless renewed. None when the store cannot tell:
     the lease was taken by a version that did not record it.
     """
+    expires_in_exact: bool = True
+    """False when ``expires_in`` is only an upper bound (Azure says no time left)."""
 
 
 class MissingExtraError(ImportError):

@@ -192,3 +192,23 @@ def test_the_beat_of_worker_b_under_another_scheduler_stops_and_the_worker_runs_
     assert "ERROR/Beat]" in line, line
     assert "--scheduler leader" in line and "CELERY_LEADER_BEAT_UNLED = True" in line, line
     assert sent(broker, name) == []
+
+
+def test_a_plain_beat_beside_workers_settings_only_runs_with_one_warning(project, tmp_path):
+    """Only the workers' settings (no leader_beat_*, no LeaderScheduler): one plain beat may be
+    the project's choice; it starts, with one warning that it is not led."""
+    plain = beat(
+        project,
+        "workers-only",
+        "-S",
+        "celery.beat:PersistentScheduler",
+        "-s",
+        str(tmp_path / "plain-schedule"),
+        app=PLAIN_APP,
+    )
+    plain.wait_for("beat: Starting...", timeout=60)
+    time.sleep(3)
+    assert plain.proc.poll() is None, plain.text()[-3000:]
+    text = plain.text()
+    assert text.count("not under LeaderScheduler: it is not led") == 1, text[-3000:]
+    assert "Error: celery-leader" not in text, text[-3000:]
