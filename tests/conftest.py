@@ -38,6 +38,10 @@ SERIAL = (
     "tests/stores/test_redis_faults.py::test_acquire_with_lost_reply_is_adopted",
     "tests/lease/test_lease_deadlines.py::test_bounded_caller_returns_on_time_while_the_call_hangs",
     "tests/term_end/test_term_end.py::test_watchdog_process_ends_runs_and_exits_with_its_worker",
+    # Kills within half a second of a deadline or a revocation, by a sleeping watchdog.
+    "tests/term_end/test_watchdog_sleep.py",
+    # Each send within a period plus a ttl plus 5 s of a fault, with Django starting up.
+    "tests/integration/test_django_beat.py::test_django_celery_beat_fails_over_without_early",
 )
 
 
