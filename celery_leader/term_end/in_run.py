@@ -37,17 +37,13 @@ class UnwatchableRunError(RuntimeError):
     """A pool child has no slot in the run table: it must not run leader work."""
 
 
-#: (pid, pool index) of the calling process, once read: a process keeps its index.
-_own_index: tuple[int, int | None] | None = None
-
-
 def pool_child_index() -> int | None:
-    """The billiard pool index of the calling process, or None outside a prefork child."""
-    global _own_index  # noqa: PLW0603 - a per-process cache, keyed by pid so a fork re-reads it
-    pid = os.getpid()
-    if _own_index is None or _own_index[0] != pid:
-        _own_index = (pid, _read_pool_child_index())
-    return _own_index[1]
+    """The billiard pool index of the calling process, or None outside a prefork child.
+
+    Read at every run (a fraction of a microsecond): a cache would outlive a
+    change of the process's index that a pool never makes, but tests do.
+    """
+    return _read_pool_child_index()
 
 
 def _read_pool_child_index() -> int | None:
