@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness.cpu import cpu_seconds
 from harness.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,18 +34,7 @@ GOAL = 0.005
 
 def group_cpu(pgid: int) -> float:
     """CPU seconds (user + system) of every live process in process group *pgid*."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+    return cpu_seconds(lambda _pid, _ppid, group: group == pgid)
 
 
 def idle_share(broker: str, pool: str, leader: bool, seconds: float, logdir: Path) -> float:

@@ -51,6 +51,7 @@ import redis
 from benchmarks.stats import spread
 from celery_leader.elections.procinfo import has_ended
 from harness.cluster import Cluster
+from harness.cpu import cpu_seconds
 from harness.proxy import FaultProxy
 
 
@@ -293,19 +294,7 @@ def revocation_figures(tmp: Path, ttl: float, rounds: int) -> dict[str, list[flo
 
 def _tree_cpu(root: int) -> float:
     """CPU seconds (user + system) used so far by process *root* and its live children."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        pid, parent = int(entry.name), int(fields[1])
-        if root in (pid, parent):
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+    return cpu_seconds(lambda pid, ppid, _group: root in (pid, ppid))
 
 
 def throughput(tmp: Path, count: int, pairs: int = 5) -> dict[str, list[float]]:
