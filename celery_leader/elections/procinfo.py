@@ -45,7 +45,27 @@ def start_time(pid: int) -> int | None:
         return None
 
 
-_own: tuple[int, int] | None = None
+#: This process's pid and start time, reset in every child forked by ``os.fork``.
+_own_pid = os.getpid()
+_own_start: int | None = None
+
+
+def _forked() -> None:
+    global _own_pid, _own_start  # noqa: PLW0603 - a per-process cache, reset in each fork
+    _own_pid = os.getpid()
+    _own_start = None
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def own_pid() -> int:
+    """The calling process's pid, without a system call per read.
+
+    Kept current in children made by ``os.fork`` (billiard's prefork pool,
+    multiprocessing's fork start method); a leader run reads it several times.
+    """
+    return _own_pid
 
 
 def own_start_time() -> int:
@@ -54,14 +74,13 @@ def own_start_time() -> int:
     Read once per process, and again on the next call as long as a read
     failed (out of descriptors, say): an unknown start time is never cached.
     """
-    global _own  # noqa: PLW0603 - a per-process cache, keyed by pid so a fork re-reads it
-    pid = os.getpid()
-    if _own is None or _own[0] != pid:
-        started = start_time(pid)
+    global _own_start  # noqa: PLW0603 - a per-process cache, reset in each fork
+    if _own_start is None:
+        started = start_time(_own_pid)
         if started is None:
             return 0
-        _own = (pid, started)
-    return _own[1]
+        _own_start = started
+    return _own_start
 
 
 def _ended(fields: list[bytes] | None) -> bool:

@@ -135,7 +135,7 @@ class RunTable:
         # Odd whatever parity an earlier writer killed mid-write left behind.
         begin = seq + 1 if seq % 2 == 0 else seq + 2
         _WRITER.pack_into(
-            self._slots, offset + _SEQ.size, os.getpid(), procinfo.own_start_time(), election
+            self._slots, offset + _SEQ.size, procinfo.own_pid(), procinfo.own_start_time(), election
         )
         _SEQ.pack_into(self._slots, offset, begin)  # odd: write in progress
         body_at = offset + _SEQ.size + _WRITER.size
@@ -147,11 +147,18 @@ class RunTable:
     def enter(self, index: int, token: int, *, terminate: bool, election: int = 0) -> None:
         """Record that the calling process (pool child *index*) runs *election*'s term *token*."""
         flags = _TERMINATE if terminate else 0
-        self._write(index, os.getpid(), token, flags, procinfo.own_start_time(), election=election)
+        self._write(
+            index,
+            procinfo.own_pid(),
+            token,
+            flags,
+            procinfo.own_start_time(),
+            election=election,
+        )
 
-    def leave(self, index: int) -> None:
-        """Record that the leader run of pool child *index* ended."""
-        self._write(index, 0, 0, 0, 0)
+    def leave(self, index: int, election: int = 0) -> None:
+        """Record that the leader run of pool child *index* (of *election*) ended."""
+        self._write(index, 0, 0, 0, 0, election=election)
 
     def _read(self, index: int) -> tuple[bool, Run | None]:
         """One read of slot *index*: (consistent, its run); not consistent mid-write."""

@@ -180,6 +180,10 @@ class SharedLease:
         *now* is the lease-clock time to judge at (default: :func:`clock.now`);
         the simulation passes its virtual clock.
         """
+        return self.deadline_of(token, now=now) is not None
+
+    def deadline_of(self, token: int | None, *, now: float | None = None) -> float | None:
+        """The ``valid_until`` of term *token* while it is valid (:meth:`valid_for`), else None."""
         current, valid_until = self.read()
         at = clock.now() if now is None else now
-        return bool(token) and current == token and at < valid_until
+        return valid_until if token and current == token and at < valid_until else None

@@ -11,9 +11,10 @@ from celery import Task
 from celery_leader.exceptions import LeaseLost
 from celery_leader.settings import names_for_app
 from celery_leader.tasks.routing import leader_queue_for, route_leader_task
-from celery_leader.tasks.runtime import eager_token, leader_run, shared_lease
+from celery_leader.tasks.runtime import eager_token, enter_run, exit_run, leader_run, shared_lease
 from celery_leader.term_end import OnLoss
 from celery_leader.term_end.in_run import (
+    TermOverError,
     UnwatchableRunError,
     stop_run_in_task,
     unwatch_run,
@@ -70,32 +71,34 @@ class LeaderTaskMixin:
                 return super().__call__(*args, **kwargs)  # type: ignore[misc]
         token = getattr(request, "leader_token", None)
         shared = shared_lease(name)
-        if token is None or shared is None or not shared.valid_for(token):
+        if token is None or shared is None:
             stop_run_in_task(self, "the lease ended before the run started")
         assert shared is not None
         assert token is not None
         # Recorded for the release guard; under terminate the watchdog also
-        # ends the run at its term's deadline.
+        # ends the run at its term's deadline. The term is checked once the
+        # run is recorded.
         terminate = getattr(request, "leader_on_loss", None) == OnLoss.TERMINATE.value
         try:
             watched = watch_run(shared, token, terminate=terminate)
         except UnwatchableRunError as refused:
             logger.error("celery-leader: %s", refused)  # noqa: TRY400 - no traceback: one line says it
             stop_run_in_task(self, str(refused))
-        if not shared.valid_for(token):  # revoked while we registered
-            unwatch_run(shared, watched)
-            stop_run_in_task(self, "the lease ended before the run started")
+        except TermOverError as over:
+            stop_run_in_task(self, str(over))
+        # Not a context manager: this wraps every leader run, and the pair is cheaper.
+        mark = enter_run(name, token, shared)
         try:
-            with leader_run(name, token, shared):
-                if _traced_without_own_call(self, request):
-                    # What Celery's tracer does for a task with no __call__ of its own:
-                    # it pushed this task and its request already; Task.__call__
-                    # would push a second copy of the request around the body.
-                    return self.run(*args, **kwargs)  # type: ignore[attr-defined]
-                return super().__call__(*args, **kwargs)  # type: ignore[misc]
+            if _traced_without_own_call(self, request):
+                # What Celery's tracer does for a task with no __call__ of its own:
+                # it pushed this task and its request already; Task.__call__
+                # would push a second copy of the request around the body.
+                return self.run(*args, **kwargs)  # type: ignore[attr-defined]
+            return super().__call__(*args, **kwargs)  # type: ignore[misc]
         except LeaseLost:
             stop_run_in_task(self, "check_leadership() saw the lease lost")
         finally:
+            exit_run(mark)
             unwatch_run(shared, watched)
 
 

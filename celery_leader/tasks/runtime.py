@@ -31,6 +31,8 @@ class _Run:
 _current_run: contextvars.ContextVar[_Run | None] = contextvars.ContextVar(
     "celery_leader_run", default=None
 )
+#: What :func:`enter_run` returns and :func:`exit_run` takes.
+RunMark = contextvars.Token[_Run | None]
 
 
 def install_shared_lease(shared: SharedLease | None) -> None:
@@ -64,18 +66,29 @@ def shared_lease(election: str | None = None) -> SharedLease | None:
     return found
 
 
-@contextmanager
-def leader_run(name: str, token: int | None, shared: SharedLease | None = None) -> Iterator[None]:
-    """Mark the code inside as a leader run under *token* (used by the task base).
+def enter_run(name: str, token: int | None, shared: SharedLease | None = None) -> RunMark:
+    """Mark what runs next as a leader run under *token*, until :func:`exit_run`.
 
     *shared* is the election's slot when the caller has it at hand (default:
-    looked up by *name*).
+    looked up by *name*). The task base calls this pair around every run;
+    :func:`leader_run` is the same as a context manager.
     """
-    reset = _current_run.set(_Run(name, token, shared or shared_lease(name)))
+    return _current_run.set(_Run(name, token, shared or shared_lease(name)))
+
+
+def exit_run(mark: RunMark) -> None:
+    """End the leader run marked by :func:`enter_run`."""
+    _current_run.reset(mark)
+
+
+@contextmanager
+def leader_run(name: str, token: int | None, shared: SharedLease | None = None) -> Iterator[None]:
+    """Mark the code inside as a leader run under *token* (see :func:`enter_run`)."""
+    mark = enter_run(name, token, shared)
     try:
         yield
     finally:
-        _current_run.reset(reset)
+        exit_run(mark)
 
 
 def _run() -> _Run:

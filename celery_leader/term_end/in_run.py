@@ -10,10 +10,9 @@ rule (:func:`celery_leader.term_end.requeues_stopped_run`).
 from __future__ import annotations
 
 import logging
-import math
-import os
 from typing import Any
 
+from celery_leader.elections.procinfo import own_pid
 from celery_leader.elections.run_table import RUN_SLOTS
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.term_end import requeues_stopped_run
@@ -33,8 +32,16 @@ def stop_run_in_task(task: Any, why: str) -> None:
     raise Ignore()
 
 
-class UnwatchableRunError(RuntimeError):
+class RunRefusedError(RuntimeError):
+    """A leader run must not start; the message says why."""
+
+
+class UnwatchableRunError(RunRefusedError):
     """A pool child has no slot in the run table: it must not run leader work."""
+
+
+class TermOverError(RunRefusedError):
+    """The run's term was not valid once the run was recorded."""
 
 
 def pool_child_index() -> int | None:
@@ -57,32 +64,40 @@ def _read_pool_child_index() -> int | None:
 
 
 def watch_run(shared: SharedLease, token: int, *, terminate: bool) -> int | None:
-    """In a prefork child: record this leader run in the run table; its slot index, or None.
+    """Record this leader run (in a prefork child), then check its term; its slot index, or None.
 
     Every policy is recorded, so that the release guard sees the run even
     before the parent does; only *terminate* runs are killed by the
-    watchdog. Returns None (nothing recorded) outside a prefork child.
-    Raises :class:`UnwatchableRunError` in a child whose pool index is past the
-    table (a pool grown at run time by ``pool_grow`` or autoscale): a run
-    neither kill layer could see must not start.
+    watchdog. The term is checked *after* the record: a term that ends while
+    the run registers is seen here, or the watchdog and the release guard see
+    the run. Returns None (nothing recorded) outside a prefork child.
+
+    Raises :class:`TermOverError` (nothing left recorded) when term *token* is
+    not valid, and :class:`UnwatchableRunError` in a child whose pool index is
+    past the table (a pool grown at run time by ``pool_grow`` or autoscale): a
+    run neither kill layer could see must not start.
     """
     index = pool_child_index()
-    if index is None or os.getpid() == shared.owner_pid:
-        return None
-    if index >= RUN_SLOTS:
-        raise UnwatchableRunError(
-            f"pool process index {index} is past the run table's {RUN_SLOTS} slots "
-            "(the pool was grown at run time); this process runs no leader work"
-        )
-    shared.runs.enter(index, token, terminate=terminate, election=shared.election)
-    if terminate:
+    if index is not None and own_pid() != shared.owner_pid:
+        if index >= RUN_SLOTS:
+            raise UnwatchableRunError(
+                f"pool process index {index} is past the run table's {RUN_SLOTS} slots "
+                "(the pool was grown at run time); this process runs no leader work"
+            )
+        shared.runs.enter(index, token, terminate=terminate, election=shared.election)
+    else:
+        index = None
+    deadline = shared.deadline_of(token)
+    if deadline is None:
+        unwatch_run(shared, index)
+        raise TermOverError("the lease ended before the run started")
+    if terminate and index is not None:
         # The watchdog sleeps until its next look; a term that ends sooner must wake it.
-        current, valid_until = shared.read()
-        shared.group.nudge(valid_until if current == token else -math.inf)
+        shared.group.nudge(deadline)
     return index
 
 
 def unwatch_run(shared: SharedLease, index: int | None) -> None:
     """The run recorded by :func:`watch_run` ended."""
     if index is not None:
-        shared.runs.leave(index)
+        shared.runs.leave(index, shared.election)

@@ -391,10 +391,25 @@ def test_an_unreadable_start_time_is_not_remembered(monkeypatch):
     """One failed read of /proc/self/stat must not leave the process without a start time."""
     real = procinfo.start_time
     answers = iter([None])
-    monkeypatch.setattr(procinfo, "_own", None)
+    monkeypatch.setattr(procinfo, "_own_start", None)
     monkeypatch.setattr(procinfo, "start_time", lambda pid: next(answers, real(pid)))
     assert procinfo.own_start_time() == 0
     assert procinfo.own_start_time() == real(os.getpid()) != 0
+
+
+def test_the_cached_pid_follows_a_fork():
+    """own_pid() is read without a system call; a forked child must see its own pid."""
+    assert procinfo.own_pid() == os.getpid()
+    parent_start = procinfo.own_start_time()
+    pid = os.fork()
+    if pid == 0:
+        ok = procinfo.own_pid() == os.getpid() and procinfo.own_start_time() not in (0,)
+        ok = ok and procinfo.own_start_time() == procinfo.start_time(os.getpid())
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert procinfo.own_pid() == os.getpid()
+    assert procinfo.own_start_time() == parent_start
 
 
 def test_a_pool_child_past_the_run_table_refuses_leader_work(monkeypatch):
