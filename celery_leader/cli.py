@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -40,9 +41,11 @@ from click_didyoumean import DYMGroup  # type: ignore[import-untyped]
 
 from celery_leader._masking import mask_text
 from celery_leader.exceptions import ConfigurationError, StoreError
-from celery_leader.settings import AppSettings, LeaderSettings, app_settings
+from celery_leader.settings import AppSettings, LeaderSettings, app_settings, check_election_name
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder, LeaseRecord, LeaseStore, TokenHistory
+
+logger = logging.getLogger(__name__)
 
 EXIT_LEADER = 0
 EXIT_NO_LEADER = 1
@@ -125,11 +128,17 @@ def _fail(ctx: click.Context, message: str) -> NoReturn:
     ctx.exit(EXIT_STORE_ERROR)
 
 
-def _open(ctx: click.Context, beat: bool) -> tuple[AppSettings, LeaderSettings, LeaseStore]:
+def _open(
+    ctx: click.Context, beat: bool, election: str | None = None
+) -> tuple[AppSettings, LeaderSettings, LeaseStore]:
     app = ctx.obj.app
+    if beat and election:
+        _fail(ctx, "--beat and --election name different elections: give one of them")
     try:
         every = app_settings(app, fresh=True)
-        settings = every.beat_election if beat else every.worker
+        if election:
+            check_election_name(election, "--election")
+        settings = every.beat_election if beat else every.for_named(election or None)
         store = open_store(
             settings.backend_url,
             timeout=max(settings.timing.op_timeout, 2.0),
@@ -225,6 +234,52 @@ def status_payload(
     return payload
 
 
+def known_elections(app: Any, every: AppSettings) -> list[str]:
+    """The named elections this app knows: its imported leader tasks' and ``leader_elections``."""
+    from celery_leader.tasks import resolve_leader_tasks  # noqa: PLC0415 - only for status
+    from celery_leader.tasks.registry import leader_task_elections  # noqa: PLC0415
+
+    try:
+        resolve_leader_tasks(app)
+    except Exception:  # a task that cannot be made leader-only is logged there
+        logger.debug("celery-leader: could not resolve the app's leader tasks", exc_info=True)
+    named = {e for e in leader_task_elections(app).values() if e is not None}
+    named |= set(every.choice.extra)
+    named |= {e for _, e in every.task_routes if e is not None}
+    return sorted(named)
+
+
+def _elections_payload(
+    ctx: click.Context, store: LeaseStore, every: AppSettings, named: list[str]
+) -> dict[str, Any]:
+    """``"elections"`` of ``status --json``: the default one (by lease name) and each named one."""
+    found: dict[str, Any] = {}
+    for election in [None, *named]:
+        settings = every.for_named(election)
+        found[election or settings.name] = _holder(
+            _read(ctx, store, settings.name), settings.timing.renew_interval
+        )
+    return found
+
+
+def _elections_table(elections: dict[str, Any]) -> list[str]:
+    """One row per election: holder, token, held for, expires in."""
+    rows = [("ELECTION", "HOLDER", "TOKEN", "HELD FOR", "EXPIRES IN")]
+    now = time.time()
+    for name, holder in elections.items():
+        if holder is None:
+            rows.append((name, "-", "-", "-", "-"))
+            continue
+        who = holder["nodename"] + ("" if holder["leading"] else " (holding off)")
+        held = f"{max(0.0, now - holder['acquired_at']):.1f} s"
+        rows.append((name, who, str(holder["token"]), held, f"{holder['expires_in']:.2f} s"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
 def _field(label: str, text: str) -> str:
     return f"{label:<11} {text}"
 
@@ -310,6 +365,8 @@ def _human(payload: dict[str, Any], *, hint: str) -> str:
         ]
     if "beat" in payload:
         lines += _beat_summary(payload["beat"])
+    if len(payload.get("elections") or {}) > 1:
+        lines += ["", *_elections_table(payload["elections"])]
     return "\n".join(lines)
 
 
@@ -357,8 +414,15 @@ def leader(ctx: click.Context, /, **kwargs: Any) -> None:
     help_group="Status Options",
     help="Show beat's election instead of the workers'.",
 )
+@click.option(
+    "--election",
+    cls=CeleryOption,
+    default=None,
+    help_group="Status Options",
+    help="Show this named election (@leader_only(election=...)) instead of the default one.",
+)
 @click.pass_context
-def status(ctx: click.Context, as_json: bool, beat: bool) -> None:
+def status(ctx: click.Context, as_json: bool, beat: bool, election: str | None) -> None:
     """Show the current holder of the lease, whether it leads yet, or that none holds it.
 
     The holder's nodename, host, pid, fencing token, when it acquired the
@@ -369,11 +433,16 @@ def status(ctx: click.Context, as_json: bool, beat: bool) -> None:
     it says whether anyone ever did. With the workers' election also beat's
     holder. The store URL is shown with its password masked.
     """
-    every, settings, store = _open(ctx, beat)
+    every, settings, store = _open(ctx, beat, election)
     try:
         record = _read(ctx, store, settings.name)
         beat_record = None if beat else _read(ctx, store, every.names.beat)
         ever_held = _ever_held(ctx, store, settings.name) if record is None else True
+        elections = (
+            None
+            if beat
+            else _elections_payload(ctx, store, every, known_elections(ctx.obj.app, every))
+        )
     finally:
         store.close()
     payload = status_payload(
@@ -384,6 +453,8 @@ def status(ctx: click.Context, as_json: bool, beat: bool) -> None:
         beat_settings=None if beat else every.beat_election,
         ever_held=ever_held,
     )
+    if elections is not None:
+        payload["elections"] = elections
     hint = HINT_NO_BEAT if beat else HINT_NO_WORKER
     ctx.obj.echo(json.dumps(payload) if as_json else _human(payload, hint=hint))
     # The contract's codes: 0 while somebody holds the lease (also in its hold-off).
@@ -413,8 +484,15 @@ def status(ctx: click.Context, as_json: bool, beat: bool) -> None:
         "beat's lease and sits out one ttl, so that another beat sends."
     ),
 )
+@click.option(
+    "--election",
+    cls=CeleryOption,
+    default=None,
+    help_group="Step-down Options",
+    help="Step down the holder of this named election instead of the default one's.",
+)
 @click.pass_context
-def step_down(ctx: click.Context, timeout: float, beat: bool) -> None:
+def step_down(ctx: click.Context, timeout: float, beat: bool, election: str | None) -> None:
     """Ask the current leader to stop leader work and release; another worker takes over.
 
     Only the worker holding the lease acts: it stops taking leader work,
@@ -427,7 +505,7 @@ def step_down(ctx: click.Context, timeout: float, beat: bool) -> None:
     a second after it was written while it sends, releases once no send of
     its term may still land unrecorded, and sits out one ttl.
     """
-    _, settings, store = _open(ctx, beat=beat)
+    _, settings, store = _open(ctx, beat=beat, election=election)
     try:
         record = _read(ctx, store, settings.name)
         if record is None:
@@ -447,7 +525,7 @@ def step_down(ctx: click.Context, timeout: float, beat: bool) -> None:
             _ask_beat(ctx, store, settings, record, deadline)
             replies: Any = None
         else:
-            replies = _ask_worker(ctx, record, timeout)
+            replies = _ask_worker(ctx, record, timeout, election)
             deadline = time.monotonic() + timeout
         successor = _await_release(ctx, store, settings.name, record, deadline)
     finally:
@@ -479,11 +557,14 @@ def step_down(ctx: click.Context, timeout: float, beat: bool) -> None:
     ctx.exit(EXIT_LEADER)
 
 
-def _ask_worker(ctx: click.Context, record: LeaseRecord, timeout: float) -> Any:
+def _ask_worker(
+    ctx: click.Context, record: LeaseRecord, timeout: float, election: str | None = None
+) -> Any:
     """Send the step-down control command to the worker holding the lease; its replies."""
     try:
         return ctx.obj.app.control.broadcast(
             "leader_step_down",
+            arguments={"election": election} if election else None,
             destination=[record.nodename],
             reply=True,
             timeout=min(timeout, 3.0),

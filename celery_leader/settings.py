@@ -12,7 +12,7 @@ import functools
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal, ParamSpec, TypeVar
 from urllib.parse import urlsplit
@@ -56,6 +56,9 @@ KNOWN_KEYS = frozenset(
         "leader_metrics_address",
         "leader_beat_metrics_port",
         "leader_health_stuck_after",
+        "leader_elections",
+        "leader_elections_exclude",
+        "leader_balance",
     }
 )
 
@@ -270,25 +273,106 @@ def beat_unled(conf: Mapping[str, Any]) -> bool:
     return value
 
 
-@_spelled_as_given
-def leader_task_patterns(conf: Mapping[str, Any]) -> tuple[str, ...]:
-    """``leader_tasks``: names or glob patterns of leader-only tasks sent by name.
+#: What an election may be called (``@leader_only(election=...)``, ``leader_elections``).
+ELECTION_NAME = re.compile(r"[A-Za-z0-9_-]+")
+#: Election names taken by celery-leader itself: ``beat`` is beat's own election.
+RESERVED_ELECTIONS = frozenset({"beat"})
 
-    A single string is one pattern, never a sequence of one-letter patterns.
+
+def check_election_name(name: object, where: str) -> str:
+    """*name* when it may name an election; else a :class:`ConfigurationError` naming *where*."""
+    if not isinstance(name, str) or not ELECTION_NAME.fullmatch(name):
+        raise ConfigurationError(
+            f"{where}={name!r} is not allowed: an election name is a non-empty string of "
+            "letters, digits, '-' and '_'"
+        )
+    if name in RESERVED_ELECTIONS:
+        raise ConfigurationError(
+            f"{where}={name!r} is not allowed: {name!r} is reserved (beat's own election)"
+        )
+    return name
+
+
+@_spelled_as_given
+def leader_task_routes(conf: Mapping[str, Any]) -> tuple[tuple[str, str | None], ...]:
+    """``leader_tasks``: (pattern, election) pairs for leader-only tasks sent by name.
+
+    A list (or one string) names patterns of the default election (None); a
+    mapping ``{pattern: election}`` names each pattern's election (None or
+    ``""`` for the default one). A single string is one pattern, never a
+    sequence of one-letter patterns.
     """
     value = conf.get("leader_tasks") or ()
-    if isinstance(value, str):
-        return (value,)
-    try:
-        patterns = tuple(value)
-    except TypeError:
-        patterns = (None,)
-    if not all(isinstance(p, str) and p for p in patterns):
+    if isinstance(value, Mapping):
+        pairs: list[tuple[object, object]] = list(value.items())
+    elif isinstance(value, str):
+        pairs = [(value, None)]
+    else:
+        try:
+            pairs = [(pattern, None) for pattern in value]
+        except TypeError:
+            pairs = [(None, None)]
+    if not all(isinstance(p, str) and p for p, _ in pairs):
         raise ConfigurationError(
             f"leader_tasks={value!r} is not allowed: it must be a list of task names or "
-            "glob patterns"
+            "glob patterns, or a mapping {pattern: election}"
         )
-    return patterns
+    return tuple(
+        (str(pattern), check_election_name(election, f"leader_tasks[{pattern!r}]"))
+        if election
+        else (str(pattern), None)
+        for pattern, election in pairs
+    )
+
+
+def leader_task_patterns(conf: Mapping[str, Any]) -> tuple[str, ...]:
+    """``leader_tasks``: the names or glob patterns, whatever their election."""
+    return tuple(pattern for pattern, _ in leader_task_routes(conf))
+
+
+def _election_list(conf: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    value = conf.get(key) or ()
+    if isinstance(value, str):
+        value = (value,)
+    try:
+        names = tuple(value)
+    except TypeError:
+        raise ConfigurationError(
+            f"{key}={value!r} is not allowed: it must be a list of election names"
+        ) from None
+    return tuple(dict.fromkeys(check_election_name(name, key) for name in names))
+
+
+@_spelled_as_given
+def election_choice(conf: Mapping[str, Any]) -> ElectionChoice:
+    """``leader_elections``, ``leader_elections_exclude`` and ``leader_balance``, validated."""
+    balance = conf.get("leader_balance", True)
+    if not isinstance(balance, bool):
+        raise ConfigurationError(
+            f"leader_balance={balance!r} is not allowed: it must be True or False"
+        )
+    return ElectionChoice(
+        extra=_election_list(conf, "leader_elections"),
+        excluded=frozenset(_election_list(conf, "leader_elections_exclude")),
+        balance=balance,
+    )
+
+
+@dataclass(frozen=True)
+class ElectionChoice:
+    """Which named elections a worker competes in, besides those its tasks name."""
+
+    extra: tuple[str, ...] = ()
+    """``leader_elections``: elections whose tasks this worker may not import."""
+    excluded: frozenset[str] = frozenset()
+    """``leader_elections_exclude``: elections this worker never leads."""
+    balance: bool = True
+    """``leader_balance``: spread the elections over the workers."""
+
+    def elections(self, from_tasks: Iterable[str | None]) -> tuple[str | None, ...]:
+        """The elections to compete in: None (the default one) first, then named ones sorted."""
+        named = {name for name in (*from_tasks, *self.extra) if name is not None}
+        return (None, *sorted(named - self.excluded))
 
 
 @_spelled_as_given
@@ -354,6 +438,25 @@ class ElectionNames:
         """Beat's election: the workers' name with :data:`BEAT_SUFFIX`."""
         return self.leader + BEAT_SUFFIX
 
+    def lease_of(self, election: str | None) -> str:
+        """The lease name of *election* (None: the default election): ``"<leader>.<election>"``."""
+        return self.leader if election is None else f"{self.leader}.{election}"
+
+    def queue_of(self, election: str | None) -> str:
+        """The leader queue of *election* (None: the default): ``"<leader>.<name>.leader"``."""
+        return self.queue if election is None else f"{self.leader}.{election}.leader"
+
+    def election_of_queue(self, queue: str) -> tuple[bool, str | None]:
+        """``(True, election)`` for the leader queue of *election*, else ``(False, None)``."""
+        if queue == self.queue:
+            return True, None
+        prefix, suffix = f"{self.leader}.", ".leader"
+        if queue.startswith(prefix) and queue.endswith(suffix):
+            election = queue[len(prefix) : -len(suffix)]
+            if ELECTION_NAME.fullmatch(election) and election not in RESERVED_ELECTIONS:
+                return True, election
+        return False, None
+
 
 def step_down_slot(election: str) -> str:
     """The lease name beside *election* through which a step-down is asked of its holder.
@@ -407,6 +510,10 @@ class AppSettings:
     elections: Mapping[str, ElectionSettings]
     beat_unled: bool = False
     """``leader_beat_unled``: a beat may run another scheduler, unled (see celery_leader.beat)."""
+    choice: ElectionChoice = ElectionChoice()
+    """Which named elections a worker competes in (``leader_elections``, ...)."""
+    task_routes: tuple[tuple[str, str | None], ...] = ()
+    """``leader_tasks`` as (pattern, election) pairs."""
 
     @property
     def masked_backend_url(self) -> str:
@@ -428,6 +535,21 @@ class AppSettings:
             store_options=self.store_options,
             stop_grace=self.stop_grace,
             metrics=self.beat_metrics if name == self.names.beat else self.metrics,
+        )
+
+    def for_named(self, election: str | None) -> LeaderSettings:
+        """The settings of the workers' *election* (None: the default one).
+
+        A named election has the default one's timing, its own lease name and
+        its own leader queue (see :class:`ElectionNames`).
+        """
+        if election is None:
+            return self.worker
+        default = self.worker
+        return replace(
+            default,
+            name=self.names.lease_of(check_election_name(election, "election")),
+            queue=self.names.queue_of(election),
         )
 
     @property
@@ -503,6 +625,8 @@ def load_app_settings(conf: Mapping[str, Any], main: str | None = None) -> AppSe
             names.beat: ElectionSettings(names.beat, None, timing),
         },
         beat_unled=beat_unled(conf),
+        choice=election_choice(conf),
+        task_routes=leader_task_routes(conf),
     )
     _warn_unknown_keys(conf)
     return settings

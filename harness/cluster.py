@@ -46,7 +46,13 @@ class Worker:
     """One ``celery worker`` process of tests.integration.leaderapp."""
 
     def __init__(
-        self, env: dict[str, str], nodename: str, logdir: Path, pool: str, extra: list[str]
+        self,
+        env: dict[str, str],
+        nodename: str,
+        logdir: Path,
+        pool: str,
+        extra: list[str],
+        app: str = TASKS,
     ) -> None:
         self.nodename = nodename
         self.log = logdir / f"{nodename.split('@', maxsplit=1)[0]}.log"
@@ -55,7 +61,7 @@ class Worker:
             "-m",
             "celery",
             "-A",
-            "tests.integration.leaderapp",
+            app,
             "worker",
             "-n",
             nodename,
@@ -176,12 +182,20 @@ class Cluster:
         return self.client.send_task(f"{TASKS}.{task}", args=args, **options)
 
     def start(
-        self, count: int, pool: str = "prefork", extra: list[str] | None = None, wait: bool = True
+        self,
+        count: int,
+        pool: str = "prefork",
+        extra: list[str] | None = None,
+        wait: bool = True,
+        *,
+        app: str = TASKS,
+        env: dict[str, str] | None = None,
     ) -> list[Worker]:
+        """Start *count* workers of *app* (with *env* added to the cluster's environment)."""
         started = []
         for _ in range(count):
             nodename = f"w{len(self.workers) + 1}@{self.name}"
-            worker = Worker(self.env, nodename, self.tmp, pool, extra or [])
+            worker = Worker({**self.env, **(env or {})}, nodename, self.tmp, pool, extra or [], app)
             self.workers.append(worker)
             started.append(worker)
         if wait:

@@ -69,8 +69,10 @@ def worker_verdict(coordinator: Any, stuck_after: float) -> Verdict:  # noqa: PL
     watchdog = coordinator.watchdog
     if watchdog is not None and not watchdog.alive():
         return Verdict(False, "watchdog-dead", detail)
-    if not manager.running:
-        return Verdict(False, "lease-thread-dead", detail)
+    managers = [e.manager for e in getattr(coordinator, "elections", {}).values()] or [manager]
+    dead = [m.name for m in managers if not m.running]
+    if dead:
+        return Verdict(False, "lease-thread-dead", {**detail, "dead": dead})
     if not coordinator.connected:
         return Verdict(True, "reconnecting", detail)
     if loop_age > stuck_after and not coordinator.loop_busy_with_task():

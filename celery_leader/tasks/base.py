@@ -9,7 +9,7 @@ from typing import Any
 from celery import Task
 
 from celery_leader.exceptions import LeaseLost
-from celery_leader.settings import names_for_app
+from celery_leader.settings import check_election_name, names_for_app
 from celery_leader.tasks.routing import leader_queue_for, route_leader_task
 from celery_leader.tasks.runtime import eager_token, enter_run, exit_run, leader_run, shared_lease
 from celery_leader.term_end import OnLoss
@@ -34,12 +34,14 @@ class LeaderTaskMixin:
     leader_only = True
     #: ``"terminate"``, ``"cancel"``, ``"finish"``, or None for the pool's default.
     leader_on_loss: str | None = None
+    #: The task's election (``@leader_only(election=...)``); None: the default election.
+    leader_election: str | None = None
     Request = REQUEST_CLASS
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         """Send to the leader queue unless a queue or routing was given explicitly."""
         if not any(options.get(key) for key in ("queue", "exchange", "routing_key")):
-            options["queue"] = leader_queue_for(self.app)  # type: ignore[attr-defined]
+            options["queue"] = leader_queue_for(self.app, self.leader_election)  # type: ignore[attr-defined]
         return super().apply_async(args, kwargs, **options)  # type: ignore[misc]
 
     def push_request(self, *args: Any, **kwargs: Any) -> None:
@@ -57,9 +59,9 @@ class LeaderTaskMixin:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run under the lease: a last check in the pool child, then the task body."""
         request = self.request  # type: ignore[attr-defined]
-        # The election the gate admitted the run under; the app's for eager runs.
+        # The election the gate admitted the run under; the task's for eager runs.
         name = getattr(request, "leader_election", None) or (
-            names_for_app(self.app).leader  # type: ignore[attr-defined]
+            names_for_app(self.app).lease_of(self.leader_election)  # type: ignore[attr-defined]
         )
         if request.is_eager or request.called_directly:
             # Eager runs hold no lease, unless a test forced one (celery_leader.testing):
@@ -133,5 +135,7 @@ class LeaderTask(LeaderTaskMixin, Task):  # type: ignore[misc]
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
-        """Register the task's name for routing when Celery binds it to *app*."""
-        route_leader_task(app, cls.name)
+        """Register the task's name (and election) for routing when Celery binds it to *app*."""
+        if cls.leader_election is not None:
+            check_election_name(cls.leader_election, f"{cls.name}.leader_election")
+        route_leader_task(app, cls.name, cls.leader_election)

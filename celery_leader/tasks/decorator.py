@@ -12,6 +12,7 @@ from celery._state import connect_on_app_finalize
 from celery.local import Proxy
 
 from celery_leader.exceptions import ConfigurationError
+from celery_leader.settings import check_election_name
 from celery_leader.tasks.base import LeaderTaskMixin
 from celery_leader.tasks.registry import _label, _lock, _Spec, _specs
 from celery_leader.tasks.routing import ensure_router, route_leader_task
@@ -64,8 +65,9 @@ def _leaderize(task: Any, spec: _Spec) -> Any:
     task.acks_late = True if spec.acks_late is None else spec.acks_late
     if spec.on_loss is not None:
         task.leader_on_loss = spec.on_loss
+    task.leader_election = spec.election
     task._exec_options = None  # Celery caches routing options per task
-    route_leader_task(task.app, task.name)
+    route_leader_task(task.app, task.name, spec.election)
     return task
 
 
@@ -156,12 +158,20 @@ class _LazyTask:
 def leader_only(task: T) -> T: ...
 @overload
 def leader_only(
-    task: None = None, *, on_loss: str | None = None, acks_late: bool | None = None
+    task: None = None,
+    *,
+    on_loss: str | None = None,
+    acks_late: bool | None = None,
+    election: str | None = None,
 ) -> Callable[[T], T]: ...
 
 
 def leader_only(
-    task: Any = None, *, on_loss: str | None = None, acks_late: bool | None = None
+    task: Any = None,
+    *,
+    on_loss: str | None = None,
+    acks_late: bool | None = None,
+    election: str | None = None,
 ) -> Any:
     """Make a Celery task leader-only. Use it as the outermost decorator.
 
@@ -171,8 +181,16 @@ def leader_only(
     :func:`celery_leader.lease_lost` / :func:`celery_leader.check_leadership`;
     ``"finish"`` lets it run to the end (unsafe: it can overlap the next
     leader's work; fence its writes).
+
+    ``election`` names the election the task runs under (letters, digits,
+    ``-`` and ``_``; ``beat`` is reserved): its own lease, fencing tokens and
+    queue ``"<leader_name>.<election>.leader"``, so its runs may lead on
+    another worker than the default election's. None (the default): the
+    default election.
     """
     OnLoss.parse(on_loss)
+    if election is not None:
+        check_election_name(election, "@leader_only(election)")
 
     def wrap(target: Any) -> Any:
         # type(), never isinstance() or hasattr(): on a lazy proxy those evaluate
@@ -185,7 +203,7 @@ def leader_only(
                 "@leader_only must be the outermost decorator, over @app.task or "
                 f"@shared_task; it was given {target!r}"
             )
-        spec = _Spec(target, on_loss, acks_late)
+        spec = _Spec(target, on_loss, acks_late, election)
         if is_proxy:
             _describe(spec)
         else:

@@ -20,6 +20,7 @@ class _Spec:
     target: Any
     on_loss: str | None
     acks_late: bool | None
+    election: str | None = None
     app: Any = None
     name: str | None = None
     fun: Any = None
@@ -35,15 +36,16 @@ class _Spec:
 
 
 _specs: list[_Spec] = []
-_names: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+#: Per app: leader-only task name -> its election (None: the default one).
+_names: weakref.WeakKeyDictionary[Any, dict[str, str | None]] = weakref.WeakKeyDictionary()
 _lock = threading.RLock()
 
 
-def note_leader_task(app: Any, name: str | None) -> None:
-    """Record *name* as a leader-only task of *app*."""
+def note_leader_task(app: Any, name: str | None, election: str | None = None) -> None:
+    """Record *name* as a leader-only task of *app*, of *election* (None: the default one)."""
     if name:
         with _lock:
-            _names.setdefault(app, set()).add(name)
+            _names.setdefault(app, {})[name] = election
 
 
 def _label(spec: _Spec) -> str:
@@ -56,11 +58,16 @@ def _label(spec: _Spec) -> str:
 
 def leader_task_names(app: Any) -> set[str]:
     """Names of the leader-only tasks known for *app*, and of its pending ones."""
+    return set(leader_task_elections(app))
+
+
+def leader_task_elections(app: Any) -> dict[str, str | None]:
+    """Name -> election of the leader-only tasks known for *app*, and of its pending ones."""
     with _lock:
-        names = set(_names.get(app, set()))
+        found = dict(_names.get(app, {}))
         for spec in _specs:
             if spec.app is None or spec.app is app:
                 name = spec.name_in(app)
                 if name:
-                    names.add(name)
-    return names
+                    found.setdefault(name, spec.election)
+    return found

@@ -5,18 +5,25 @@ from __future__ import annotations
 import fnmatch
 from typing import Any
 
-from celery_leader.settings import leader_task_patterns, names_for_app
-from celery_leader.tasks.registry import _lock, leader_task_names, note_leader_task
+from celery_leader.settings import leader_task_routes, names_for_app
+from celery_leader.tasks.registry import _lock, leader_task_elections, note_leader_task
+
+#: What :meth:`LeaderRouter.election_of` returns for a task that is not leader-only.
+NOT_LEADER = "<not a leader-only task>"
 
 
-def leader_queue_for(app: Any) -> str:
-    """The leader queue of *app* (``leader_queue``, else ``"<leader_name>.leader"``)."""
-    return names_for_app(app).queue
+def leader_queue_for(app: Any, election: str | None = None) -> str:
+    """The leader queue of *election* in *app* (None: the default election's).
+
+    The default one is ``leader_queue``, else ``"<leader_name>.leader"``; a
+    named one is ``"<leader_name>.<election>.leader"``.
+    """
+    return names_for_app(app).queue_of(election)
 
 
-def route_leader_task(app: Any, name: str | None) -> None:
-    """Record *name* as leader-only in *app* and make sure *app* routes it."""
-    note_leader_task(app, name)
+def route_leader_task(app: Any, name: str | None, election: str | None = None) -> None:
+    """Record *name* as leader-only in *app* (of *election*) and make sure *app* routes it."""
+    note_leader_task(app, name, election)
     if name:
         ensure_router(app)
 
@@ -36,16 +43,21 @@ class LeaderRouter:
     def __call__(
         self, name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any
     ) -> dict[str, str] | None:
-        """Route *name* to the leader queue when it is a leader-only task."""
-        if self._is_leader_task(name):
-            return {"queue": leader_queue_for(self.app)}
-        return None
+        """Route *name* to its election's leader queue when it is a leader-only task."""
+        election = self.election_of(name)
+        if election == NOT_LEADER:
+            return None
+        return {"queue": leader_queue_for(self.app, election)}
 
-    def _is_leader_task(self, name: str) -> bool:
-        if name in leader_task_names(self.app):
-            return True
-        patterns = leader_task_patterns(self.app.conf)
-        return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+    def election_of(self, name: str) -> str | None:
+        """The election of leader-only task *name* (None: the default), or :data:`NOT_LEADER`."""
+        known = leader_task_elections(self.app)
+        if name in known:
+            return known[name]
+        for pattern, election in leader_task_routes(self.app.conf):
+            if fnmatch.fnmatchcase(name, pattern):
+                return election
+        return NOT_LEADER
 
 
 def ensure_router(app: Any) -> None:

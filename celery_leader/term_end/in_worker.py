@@ -184,18 +184,29 @@ def never_dispatched(requests: list[Any]) -> list[Any]:
     return chosen
 
 
-def election_of(request: Any) -> str | None:
-    """The election a leader request belongs to: the one it was admitted under, else its task's.
+def election_of(request: Any, lease_of: Callable[[str | None], str] | None = None) -> str | None:
+    """The lease name of a leader request's election: the one admitted under, else its task's.
 
-    None for a task that names none: it belongs to the process's one election.
+    *lease_of* turns a task's election (``leader_election``: a short name, or
+    None for the default one) into its lease name. Without it, a request
+    not yet admitted gives None: it belongs to the process's one election.
     """
     admitted = getattr(request, "leader_election", None)
-    return admitted if admitted is not None else getattr(request.task, "leader_election", None)
+    if admitted is not None:
+        return str(admitted)
+    if lease_of is None:
+        return None
+    return lease_of(getattr(request.task, "leader_election", None))
 
 
-def of_term(request: Any, election: str, token: int) -> bool:
+def of_term(
+    request: Any,
+    election: str,
+    token: int,
+    lease_of: Callable[[str | None], str] | None = None,
+) -> bool:
     """True for a request of *election*'s term *token* or older (or not admitted yet)."""
-    if election_of(request) not in (None, election):
+    if election_of(request, lease_of) not in (None, election):
         return False  # another election's tokens mean nothing to this one
     run_token = getattr(request, "leader_token", None)
     return run_token is None or run_token <= token
@@ -225,8 +236,11 @@ class TermEnd:
         wake_loop: Callable[[], None],
         stop_consuming: Callable[[], None],
         waiting: Callable[[], list[Waiting]],
+        lease_of: Callable[[str | None], str] | None = None,
     ) -> None:
         self.shared = shared
+        #: A task's election (short name) -> its lease name; None: one election per process.
+        self._lease_of = lease_of
         self.election = shared.name
         self.pool_kind = pool_kind
         self._policy_for = policy_for
@@ -277,7 +291,7 @@ class TermEnd:
         return [
             request
             for request in snapshot(worker_state.active_requests)
-            if is_leader_request(request) and of_term(request, self.election, token)
+            if is_leader_request(request) and of_term(request, self.election, token, self._lease_of)
         ]
 
     def runs_ended(self, token: int, timeout: float) -> bool:
@@ -358,7 +372,7 @@ class TermEnd:
         waiting = self._waiting()
         cancels = {id(item.request): item.cancel for item in waiting}
         for request in never_dispatched([item.request for item in waiting]):
-            if not of_term(request, self.election, token):
+            if not of_term(request, self.election, token, self._lease_of):
                 continue  # another election's message: its own term decides
             cancel = cancels.get(id(request))
             if cancel is not None:

@@ -147,7 +147,8 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         app = worker.app
         try:
-            self.settings: LeaderSettings = app_settings(app, fresh=True).worker
+            self.app_settings = app_settings(app, fresh=True)
+            self.settings: LeaderSettings = self.app_settings.worker
         except ConfigurationError as exc:
             raise WorkerConfigurationError(f"celery-leader: {exc}") from None
         if _is_test_only(self.settings.backend_url) and not _in_process(worker):
@@ -158,6 +159,8 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
         # Workers consume every queue in task_queues by default: followers
         # must not eat leader messages, so the queue is only added on election.
         app.amqp.queues.deselect(self.settings.queue)
+        for election in self.app_settings.choice.extra:
+            app.amqp.queues.deselect(self.app_settings.names.queue_of(election))
         self.coordinator: Coordinator | None = None
         self._finished = False
         super().__init__(worker, **kwargs)
@@ -165,26 +168,39 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
     def create(self, worker: Any) -> LeaderElection:
         """Open the store and build the coordinator, before the pool forks."""
         settings = self.settings
+        resolve_leader_tasks(worker.app)
+        leader_tasks = [t for t in worker.app.tasks.values() if getattr(t, "leader_only", False)]
+        elections = self.app_settings.choice.elections(
+            getattr(t, "leader_election", None) for t in leader_tasks
+        )
         try:
-            store = open_store(
-                settings.backend_url,
-                timeout=settings.timing.op_timeout,
-                options=settings.store_options,
-            )
             if settings.metrics.enabled:
                 from celery_leader.observe.metrics import enable_metrics  # noqa: PLC0415 - optional extra
+            # One store client per election: each lease manager renews on its own thread.
+            stores = {election: self._open_store() for election in elections}
         except ConfigurationError as exc:
             raise WorkerConfigurationError(f"celery-leader: {exc}") from None
-        resolve_leader_tasks(worker.app)
-        warn_about_visibility(
-            worker.app, [t for t in worker.app.tasks.values() if getattr(t, "leader_only", False)]
-        )
+        warn_about_visibility(worker.app, leader_tasks)
         kind = pool_kind(worker)
         _check_pool_size(worker, kind)
-        coordinator = Coordinator(settings, store, nodename=worker.hostname, pool_kind=kind)
+        names = self.app_settings.names
+        coordinator = Coordinator(
+            settings,
+            stores[None],
+            nodename=worker.hostname,
+            pool_kind=kind,
+            lease_of=names.lease_of,
+        )
+        for election in elections:
+            if election is not None:
+                worker.app.amqp.queues.deselect(names.queue_of(election))
+                coordinator.add_election(
+                    election, self.app_settings.for_named(election), stores[election]
+                )
         coordinator.install()  # forks the watchdog: before any thread of ours starts
         if settings.metrics.enabled:
-            enable_metrics(settings.metrics, coordinator.manager)
+            for taking_part in coordinator.elections.values():
+                enable_metrics(settings.metrics, taking_part.manager)
         if settings.metrics.port is not None:
             _serve(settings, coordinator)
         self.coordinator = coordinator
@@ -196,7 +212,21 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
             settings.queue,
             settings.timing.ttl,
         )
+        named = [e for e in coordinator.elections.values() if e.short_name is not None]
+        if named:
+            logger.info(
+                "celery-leader: also in elections %s",
+                ", ".join(f"{e.short_name!r} (queue {e.queue!r})" for e in named),
+            )
         return self
+
+    def _open_store(self) -> Any:
+        settings = self.settings
+        return open_store(
+            settings.backend_url,
+            timeout=settings.timing.op_timeout,
+            options=settings.store_options,
+        )
 
     def _chain_on_stopped(self, worker: Any) -> None:
         """Release at the latest once the pool drained (the blueprint's ``on_stopped``)."""

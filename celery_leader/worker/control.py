@@ -29,13 +29,18 @@ def leader(state: Any, **kwargs: Any) -> dict[str, Any]:
     return coordinator.describe()
 
 
-@control_command()  # type: ignore[untyped-decorator]
-def leader_step_down(state: Any, **kwargs: Any) -> dict[str, Any]:
-    """Stop leader work, release the lease and sit out one ttl (only the holder acts)."""
+@control_command(  # type: ignore[untyped-decorator]
+    args=[("election", str)], signature="[election]"
+)
+def leader_step_down(state: Any, election: str | None = None, **kwargs: Any) -> dict[str, Any]:
+    """Stop leader work, release the lease and sit out one ttl (only the holder acts).
+
+    *election*: a named election's own name; none (or ``""``): the default one.
+    """
     coordinator = current_coordinator()
     if coordinator is None:
         return {"ok": False, "reason": "LeaderElection is not running on this worker"}
-    return coordinator.step_down()
+    return coordinator.step_down(election or None)
 
 
 def _offer_to_celery_53_cli() -> None:

@@ -1,35 +1,35 @@
-"""The worker side of one election: Celery wiring around an Election and its TermEnd.
+"""The worker side of leader election: Celery wiring around the worker's elections.
 
 One :class:`Coordinator` per worker process, found with
 :func:`current_coordinator`. It wires, and decides nothing about the end of
 a term:
 
-* the :class:`~celery_leader.elections.election.Election` (lease manager,
-  shared-memory slot, listener) in the process's
+* the worker's elections, one
+  :class:`~celery_leader.worker.worker_election.WorkerElection` each (the
+  default election first, then every named one its tasks or
+  ``leader_elections`` name), in the process's
   :class:`~celery_leader.elections.group.ElectionGroup`;
-* the :class:`~celery_leader.term_end.in_worker.TermEnd` that ends the
-  election's terms, handed the callables it needs (post to the loop, wake
-  it, stop consuming, the messages waiting);
-* the consumer: consume the leader queue exactly while leading;
-* loop liveness, the gate's questions, redelivered copies, events and
-  signals, step-down, shutdown and inspection.
+* what they share: the consumer, loop liveness, the run watchdog, the
+  signal thread, redelivered copies, and the messages the worker holds;
+* the gate's questions, asked of the election of the task at hand;
+* shutdown and inspection of every election.
 
-Stop, then release: the lease manager asks the term end's release guard
-before any release, so the lease is never freed while leader work of the
-term still runs here. A step-down or a warm shutdown gives runs
+Stop, then release: each election's lease manager asks its term end's
+release guard before any release, so a lease is never freed while leader
+work of its term still runs here. A step-down or a warm shutdown gives runs
 ``leader_stop_grace`` seconds to stop. After that, prefork kills the rest.
 Pools that cannot kill keep the lease (renewed, never published as valid
 again) until their runs end.
 
-Threads: lease events arrive on the manager thread. Queue changes and
-request bookkeeping run on the consumer's loop thread through ``call_soon``,
-one callable per ordered sequence, since Celery does not order a batch.
+Threads: lease events arrive on each election's manager thread. Queue
+changes and request bookkeeping run on the consumer's loop thread through
+``call_soon``, one callable per ordered sequence, since Celery does not
+order a batch.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,12 +37,12 @@ from typing import Any
 from celery.worker import state as worker_state
 from celery.worker.state import task_ready, task_reserved
 
-from celery_leader import signals
 from celery_leader.elections.election import Election
 from celery_leader.elections.group import ElectionGroup
-from celery_leader.lease import EventKind, LeaseEvent, Role
-from celery_leader.settings import LeaderSettings
-from celery_leader.stores.base import Holder, LeaseStore
+from celery_leader.elections.shared_lease import SharedLease
+from celery_leader.lease import LeaseManager
+from celery_leader.settings import ElectionNames, LeaderSettings
+from celery_leader.stores.base import LeaseStore
 from celery_leader.tasks.runtime import install_shared_lease
 from celery_leader.tasks.runtime import shared_lease as installed_shared_lease
 from celery_leader.term_end import KILLABLE_POOLS, OnLoss, effective_policy
@@ -57,11 +57,8 @@ from celery_leader.worker.redelivery import (
     describe_parking,
     release_copies,
 )
-from celery_leader.worker.wakeup import (
-    can_wake_blocking_loop,
-    wake_blocking_loop,
-    wake_redis_consumer,
-)
+from celery_leader.worker.wakeup import can_wake_blocking_loop, wake_blocking_loop
+from celery_leader.worker.worker_election import WorkerElection
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +74,7 @@ def current_coordinator() -> Coordinator | None:
 
 
 class Coordinator:
-    """Connects a lease manager to one Celery worker."""
+    """Connects a worker's elections to one Celery worker."""
 
     def __init__(
         self,
@@ -87,57 +84,110 @@ class Coordinator:
         nodename: str,
         pool_kind: str,
         group: ElectionGroup | None = None,
+        lease_of: Callable[[str | None], str] | None = None,
     ) -> None:
-        self.settings = settings
         self.nodename = nodename
         self.pool_kind = pool_kind
         self._policies: dict[type, OnLoss] = {}
-        #: The elections of this process (one today); a new group unless one is given.
+        #: The elections of this process; a new group unless one is given.
         self.group = group if group is not None else ElectionGroup()
-        self.election: Election = self.group.add(
-            settings.name,
-            store,
-            settings.timing,
-            holder=Holder.for_this_process(nodename),
-            liveness=self.is_live,
-            release_guard=self._work_stopped,
-            may_publish=self.watchdog_alive,
-            on_elected=self._on_elected,
-            on_ended=self._on_ended,
-        )
-        self.manager = self.election.manager
-        #: This election's shared-memory slot (its group holds the run table).
-        self.shared = self.election.shared
-        #: Ends this election's terms here (see celery_leader.term_end.in_worker).
-        self.term_end = TermEnd(
-            self.shared,
-            pool_kind,
-            policy_for=self.policy_for,
-            post=self.post,
-            wake_loop=self._wake_loop,
-            stop_consuming=self.sync_consumption,
-            waiting=self._waiting_messages,
-        )
+        #: A task's election (short name, None: default) -> its lease name.
+        self.lease_of = lease_of or ElectionNames(settings.name, settings.queue).lease_of
         self.consumer: Any = None
-        self.stepping_down = False
         self.shutting_down = False
         self._last_tick = time.monotonic()
         self._liveness_window = max(2 * settings.timing.renew_interval, 1.0)
         self._started = False
         self._signals: SerialDispatcher | None = None
-        self._lock = threading.Lock()
         #: Leader runs by task id, and their messages delivered again meanwhile.
         self.redeliveries = Redeliveries()
         #: Ends prefork runs at their term's deadline (see celery_leader.term_end.watchdog).
-        self.watchdog = Watchdog(self.shared.group) if pool_kind in KILLABLE_POOLS else None
+        self.watchdog = Watchdog(self.group.shared) if pool_kind in KILLABLE_POOLS else None
+        #: Every election of this worker by its own name (None: the default one).
+        self.elections: dict[str | None, WorkerElection] = {}
+        #: The default election (what a task with no ``election`` runs under).
+        self.default = self.add_election(None, settings, store)
+
+    def add_election(
+        self, election: str | None, settings: LeaderSettings, store: LeaseStore
+    ) -> WorkerElection:
+        """Take part in *election* (its *settings* and its own *store*); before :meth:`install`."""
+        if election in self.elections:
+            raise ValueError(f"this worker takes part in election {election!r} already")
+        if self._signals is not None:
+            raise RuntimeError("elections are added before the coordinator is installed")
+        added = WorkerElection(self, settings, store, election=election, lease_of=self.lease_of)
+        self.elections[election] = added
+        return added
+
+    def election_for(self, task: Any) -> WorkerElection | None:
+        """The election *task* runs under here, or None when this worker does not take part."""
+        return self.elections.get(getattr(task, "leader_election", None))
+
+    # -- the default election, as earlier releases exposed it -----------------
+
+    @property
+    def settings(self) -> LeaderSettings:
+        """The default election's settings."""
+        return self.default.settings
+
+    @property
+    def election(self) -> Election:
+        """The default election."""
+        return self.default.election
+
+    @property
+    def manager(self) -> LeaseManager:
+        """The default election's lease manager."""
+        return self.default.manager
+
+    @property
+    def shared(self) -> SharedLease:
+        """The default election's shared-memory slot."""
+        return self.default.shared
+
+    @property
+    def term_end(self) -> TermEnd:
+        """The default election's term end."""
+        return self.default.term_end
+
+    @property
+    def stepping_down(self) -> bool:
+        """True while the default election steps down."""
+        return self.default.stepping_down
+
+    def admit(self) -> int | None:
+        """The token to run a default-election task under now, or None to hand it back."""
+        return self.default.admit()
+
+    def revoke(self, token: int, *, on_loop: bool = False) -> None:
+        """End the default election's term *token* here for good."""
+        self.default.revoke(token, on_loop=on_loop)
+
+    def leader_runs(self, token: int) -> list[Any]:
+        """Runs of the default election's term *token* (or older) that this process saw start."""
+        return self.default.term_end.leader_runs(token)
+
+    def runs_ended(self, token: int, timeout: float) -> bool:
+        """True once no run of the default election's term *token* runs here."""
+        return self.default.term_end.runs_ended(token, timeout)
+
+    def should_consume(self) -> bool:
+        """True when this worker should consume the default election's leader queue now."""
+        return self.default.should_consume()
+
+    def sync_consumption(self) -> None:
+        """Consume each election's leader queue exactly when leading it. Loop thread only."""
+        for election in list(self.elections.values()):
+            election.sync_consumption()
 
     # -- wiring ---------------------------------------------------------------
 
     def install(self) -> None:
-        """Make this the process's coordinator, share the lease, start the watchdog.
+        """Make this the process's coordinator, share the leases, start the watchdog.
 
-        Call before the pool forks. The watchdog is forked first, before any
-        thread of ours exists.
+        Call before the pool forks, after every election was added. The
+        watchdog is forked first, before any thread of ours exists.
         """
         global _current  # noqa: PLW0603 - one coordinator per worker process
         if self.watchdog is not None:
@@ -155,7 +205,7 @@ class Coordinator:
             install_shared_lease(None)
 
     def attach(self, consumer: Any) -> None:
-        """The consumer (re)started: start competing, and match consumption to the lease."""
+        """The consumer (re)started: start competing, and match consumption to the leases."""
         self.consumer = consumer
         if getattr(consumer, "hub", None) is None:
             # Celery's blocking loop turns once per drain_events (up to 2 s) when idle.
@@ -163,7 +213,8 @@ class Coordinator:
         self.tick()
         if not self._started:
             self._started = True
-            self.manager.start()
+            for election in list(self.elections.values()):
+                election.manager.start()
         self.sync_consumption()
 
     def detach(self) -> None:
@@ -248,13 +299,6 @@ class Coordinator:
 
     # -- the gate (loop thread) -----------------------------------------------
 
-    def admit(self) -> int | None:
-        """The token to run a leader task under now, or None to hand it back."""
-        token = self.manager.current_token()
-        if not self._taking_work() or token is None or not self.shared.valid_for(token):
-            return None
-        return token
-
     def policy_for(self, task: Any) -> OnLoss:
         """The on_loss policy that applies to runs of *task* in this pool (known per class)."""
         cls = type(task)
@@ -318,63 +362,16 @@ class Coordinator:
         """A leader message reached us without a lease: make sure we stop consuming."""
         self.post(self.sync_consumption)
 
-    # -- leader queue (loop thread) -------------------------------------------
+    # -- what the elections share -------------------------------------------
 
-    def _taking_work(self) -> bool:
-        """False while stepping down or shutting down: no new leader work then."""
-        return not (self.stepping_down or self.shutting_down)
-
-    def should_consume(self) -> bool:
-        """True when this worker should consume the leader queue now."""
-        return self._taking_work() and self.manager.is_leader()
-
-    def sync_consumption(self) -> None:
-        """Consume the leader queue exactly when leading. Loop thread only."""
-        consumer = self.consumer
-        if consumer is None or getattr(consumer, "task_consumer", None) is None:
-            return
-        queue = self.settings.queue
-        consuming = consumer.task_consumer.consuming_from(queue)
-        wanted = self.should_consume()
-        if wanted and not consuming:
-            consumer.add_task_queue(queue)
-            wake_redis_consumer(consumer)
-        elif not wanted:
-            if consuming:
-                consumer.cancel_task_queue(queue)
-            else:
-                consumer.app.amqp.queues.deselect(queue)
-
-    # -- lease events (manager thread) ----------------------------------------
-
-    def _on_elected(self, event: LeaseEvent) -> None:
-        """A term began (manager thread; the Election published it already)."""
-        token = event.term.token
-        self.post(self.sync_consumption)
-        self._wake_loop()
-        self._send(signals.leader_elected, token=token)
-        self._send_event("leader-elected", token=token)
-
-    def _on_ended(self, event: LeaseEvent) -> None:
-        """A term ended (manager thread; the Election revoked it already): end its work."""
-        token = event.term.token
-        self.term_end.end(token)
-        if event.kind is EventKind.LOST:
-            reason = event.reason.value if event.reason else "unknown"
-            self._send(signals.leader_lost, token=token, reason=reason)
-            self._send_event("leader-lost", token=token, reason=reason)
-        else:
-            self._send(signals.leader_released, token=token)
-            self._send_event("leader-released", token=token)
-
-    def _wake_loop(self) -> None:
+    def wake_loop(self) -> None:
         """Have a blocking consumer loop run what was just posted now, not in up to 2 s."""
         consumer = self.consumer
         if can_wake_blocking_loop(consumer):
             wake_blocking_loop(consumer.app, self.nodename)
 
-    def _send_event(self, kind: str, **fields: Any) -> None:
-        """Send a Celery event of *kind*, from the loop thread, when the worker sends events.
+    def send_event(self, kind: str, election: str, **fields: Any) -> None:
+        """Send a Celery event of *kind* for *election*, from the loop thread, when enabled.
 
         Celery's dispatcher sends types outside the ``worker`` group only
         with task events on (``-E``); it is a no-op otherwise.
@@ -383,35 +380,17 @@ class Coordinator:
         def send() -> None:
             dispatcher = getattr(self.consumer, "event_dispatcher", None)
             if dispatcher is not None and dispatcher.enabled:
-                dispatcher.send(kind, name=self.settings.name, **fields)
+                dispatcher.send(kind, name=election, **fields)
 
         self.post(send)
 
-    def _send(self, signal_: Any, **kwargs: Any) -> None:
+    def send_signal(self, signal_: Any, election: str, **kwargs: Any) -> None:
+        """Send one of :mod:`celery_leader.signals` for *election* on the signal thread."""
         if self._signals is None:
             return
-        self._signals.submit(
-            lambda: signal_.send(sender=self.nodename, name=self.settings.name, **kwargs)
-        )
+        self._signals.submit(lambda: signal_.send(sender=self.nodename, name=election, **kwargs))
 
-    # -- the end of a term (celery_leader.term_end.in_worker) ------------------
-
-    def revoke(self, token: int, *, on_loop: bool = False) -> None:
-        """End term *token* here for good (see :meth:`TermEnd.end`)."""
-        self.term_end.end(token, on_loop=on_loop)
-
-    def leader_runs(self, token: int) -> list[Any]:
-        """Leader runs of term *token* (or older) that this process saw start and not yet end."""
-        return self.term_end.leader_runs(token)
-
-    def runs_ended(self, token: int, timeout: float) -> bool:
-        """True once no run of term *token* runs here; waits at most *timeout* s."""
-        return self.term_end.runs_ended(token, timeout)
-
-    def _work_stopped(self, term: Any) -> bool:
-        return self.term_end.work_stopped(term)
-
-    def _waiting_messages(self) -> list[Waiting]:
+    def waiting_messages(self) -> list[Waiting]:
         """Leader messages held here that never reached the pool: ETA ones first. Loop thread."""
         consumer = self.consumer
         waiting = []
@@ -428,104 +407,62 @@ class Coordinator:
 
     # -- step-down (loop thread, from a control command) ---------------------
 
-    def step_down(self) -> dict[str, Any]:
-        """Stop leader work, then release in the background and sit out one ttl."""
-        token = self.manager.current_token()
-        if token is None:
-            return {"ok": False, "reason": "not leader", "node": self.nodename}
-        with self._lock:
-            if self.stepping_down:
-                return {"ok": True, "token": token, "node": self.nodename}
-            self.stepping_down = True
-        self.revoke(token, on_loop=True)
-        threading.Thread(
-            target=self._finish_step_down,
-            args=(token,),
-            name="celery-leader-step-down",
-            daemon=True,
-        ).start()
-        return {"ok": True, "token": token, "node": self.nodename}
-
-    def _finish_step_down(self, token: int) -> None:
-        try:
-            self._await_stopped(token)
-            self.manager.step_down(sit_out=self.settings.timing.ttl)
-        except Exception:
-            logger.exception("celery-leader: step-down failed")
-        finally:
-            self.stepping_down = False
-
-    def _await_stopped(self, token: int) -> None:
-        """Stop the runs of *token*; where they cannot be killed, wait for them while leading."""
-        self.term_end.await_stopped(
-            token,
-            self.settings.stop_grace,
-            holding=lambda: self.manager.state().role is not Role.FOLLOWER,
-            poll=self.settings.timing.renew_interval,
-        )
+    def step_down(self, election: str | None = None) -> dict[str, Any]:
+        """Step down from *election* (None: the default one) where this worker leads it."""
+        found = self.elections.get(election)
+        if found is None:
+            return {
+                "ok": False,
+                "reason": f"this worker does not take part in election {election!r}",
+                "node": self.nodename,
+            }
+        return found.step_down()
 
     # -- shutdown (main thread) ----------------------------------------------
 
     def begin_shutdown(self) -> None:
         """Warm shutdown: stop taking leader work, stop runs per policy, release once they stopped.
 
-        The lease is released as soon as no leader task runs here any more
-        (a standby then takes over at once), without waiting for the rest of
-        the pool to drain; :meth:`finish_shutdown` releases at the latest.
+        Each lease is released as soon as no leader task of its election runs
+        here any more (a standby then takes over at once), without waiting for
+        the rest of the pool to drain; :meth:`finish_shutdown` releases at the
+        latest.
         """
         self.shutting_down = True
-        token = self.manager.current_token()
-        if token is None:
-            return
-        self.revoke(token)  # the consumer is stopping: only the urgent part still runs
-        threading.Thread(
-            target=self._release_when_stopped,
-            args=(token,),
-            name="celery-leader-shutdown",
-            daemon=True,
-        ).start()
-
-    def _release_when_stopped(self, token: int) -> None:
-        try:
-            self._await_stopped(token)
-            self.manager.stop(release=True)
-        except Exception:
-            logger.exception("celery-leader: early release failed; releasing at shutdown")
+        for election in list(self.elections.values()):
+            election.begin_shutdown()
 
     def finish_shutdown(self) -> None:
         """After the pool drained: stop leading, release, stop the threads."""
         self.shutting_down = True
         try:
-            self.manager.stop(release=True)
+            for election in list(self.elections.values()):
+                try:
+                    election.finish_shutdown()
+                except Exception:
+                    logger.exception(
+                        "celery-leader: error while releasing election %r", election.name
+                    )
         finally:
             if self._signals is not None:
                 self._signals.close()
             if self.watchdog is not None:
                 self.watchdog.stop()
-            self.manager.store.close()
 
     # -- inspection -----------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
-        """The worker's view, as ``celery inspect leader`` shows it."""
-        state = self.manager.state()
-        left = self.manager.time_left()
-        leading = state.role is Role.LEADER and left is not None
-        view: dict[str, Any] = {
-            "role": "leader" if leading else "follower",
-            "name": self.settings.name,
-            "token": state.token if leading else None,
-            "expires_in": round(left, 3) if left is not None else None,
+        """The worker's view, as ``celery inspect leader`` shows it.
+
+        The default election's keys as in earlier releases, and
+        ``"elections"``: every election this worker takes part in, by its
+        own name (the default one under its lease name).
+        """
+        view = self.default.describe()
+        view["elections"] = {
+            (election.short_name or election.name): {
+                key: value for key, value in election.describe().items() if key != "name"
+            }
+            for election in self.elections.values()
         }
-        holding_off = self.manager.hold_off_left()
-        if holding_off is not None:
-            # The lease is ours in the store, but no leader work runs until the
-            # hold-off ends: what `celery leader status` also says.
-            view["holding_off"] = round(holding_off, 3)
-        if leading and (self.stepping_down or self.shutting_down):
-            view["stepping_down"] = True
-            try:
-                view["draining"] = len(self.term_end.leader_runs(state.token or 0))
-            except SnapshotError:
-                view["draining"] = None
         return view

@@ -24,6 +24,7 @@ from typing import Any
 from celery.worker.request import Request
 from celery.worker.state import task_ready
 
+from celery_leader.settings import names_for_app
 from celery_leader.tasks import leader_queue_for
 from celery_leader.tasks.runtime import shared_lease
 from celery_leader.term_end.in_worker import ended_by_term, settle_stopped_run
@@ -94,14 +95,20 @@ class LeaderRequest(Request):  # type: ignore[misc]
         if self.acknowledged:
             return True  # already handed back by revocation on lease loss
         coordinator = current_coordinator()
-        token = coordinator.admit() if coordinator is not None else None
+        election = coordinator.election_for(self.task) if coordinator is not None else None
+        if election is not None and self._misrouted(election.queue):
+            # Another election's leader holds this queue: never run it there.
+            self.hand_back(f"it reached {self.delivery_info.get('routing_key')!r}")
+            return True
+        token = election.admit() if election is not None else None
         if coordinator is None or token is None:
             self.hand_back("this worker does not hold the lease")
             if coordinator is not None:
                 coordinator.on_gate_refused()
             return True
+        assert election is not None
         self._request_dict["leader_token"] = token
-        self._request_dict["leader_election"] = coordinator.settings.name
+        self._request_dict["leader_election"] = election.name
         self._request_dict["leader_on_loss"] = coordinator.policy_for(self.task).value
         if _called_from(sys._getframe(1), "execute_using_pool"):
             if self.task.acks_late and not coordinator.admit_delivery(self):
@@ -112,6 +119,14 @@ class LeaderRequest(Request):  # type: ignore[misc]
             # ETA, and stays one to hand back.)
             self.leader_dispatched = True
         return False
+
+    def _misrouted(self, own_queue: str) -> bool:
+        """True when the message came from the leader queue of an election not its own."""
+        queue = self.delivery_info.get("routing_key")
+        if not queue or queue == own_queue:
+            return False
+        is_leader_queue, _ = names_for_app(self._app).election_of_queue(str(queue))
+        return is_leader_queue
 
     def acknowledge(self) -> None:
         """Acknowledge the message; for a run, settle the copies that waited for it.
@@ -156,7 +171,12 @@ class LeaderRequest(Request):  # type: ignore[misc]
         fails, it is requeued where it came from: never dropped.
         """
         coordinator = current_coordinator()
-        queue = coordinator.settings.queue if coordinator else leader_queue_for(self._app)
+        election = coordinator.election_for(self.task) if coordinator is not None else None
+        queue = (
+            election.queue
+            if election is not None
+            else leader_queue_for(self._app, getattr(self.task, "leader_election", None))
+        )
         if self.delivery_info.get("routing_key") == queue:
             logger.info("celery-leader: %s requeued: %s", self.humaninfo(), why)
             self.reject(requeue=True)

@@ -1,9 +1,9 @@
 """Two elections in one worker process: ending one term touches only that election's work.
 
-Built directly (named elections come with their public API later): one
-:class:`SharedLeases` group with two election slots whose tokens are equal
-numbers, real child processes standing for pool children, and two
-coordinators sharing one :class:`ElectionGroup`, as one worker's elections will.
+Built directly: one :class:`SharedLeases` group with two election slots
+whose tokens are equal numbers, real child processes standing for pool
+children, and one coordinator with the default election and a named one, as
+a worker builds them for ``@leader_only(election="reports")``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from celery_leader import clock
 from celery_leader.elections import procinfo
 from celery_leader.elections.group import ElectionGroup
 from celery_leader.elections.shared_lease import SharedLeases
-from celery_leader.settings import load_settings
+from celery_leader.settings import load_app_settings
 from celery_leader.stores import open_store
 from celery_leader.term_end.in_worker import kill_recorded_runs
 from celery_leader.term_end.watchdog import enforce_deadlines
@@ -84,13 +84,13 @@ class Task:
 class Request:
     """Stands for a Celery request of one election: what the coordinator reads of it.
 
-    The gate records the election a request was admitted under; before
-    that, its task says which election it belongs to.
+    The gate records the lease name a request was admitted under; before
+    that, its task names its election (None: the default one).
     """
 
     def __init__(self, election, pid=None, dispatched=False, admitted=True):
         self.task = Task(election)
-        self.leader_election = election if admitted else None
+        self.leader_election = LEASES[election] if admitted else None
         self.leader_token = TOKEN if dispatched else None
         self.worker_pid, self.leader_dispatched = pid, dispatched
         self.acknowledged, self.handed_back = False, False
@@ -103,28 +103,42 @@ class Request:
         return f"job of {self.leader_election}"
 
 
-def coordinator(group, name):
-    settings = load_settings({"leader_backend_url": f"memory://{name}", "leader_name": name}, "t")
-    store = open_store(f"memory://{name}", timeout=1)
-    return coordinator_module.Coordinator(
-        settings, store, nodename="w@h", pool_kind="prefork", group=group
+#: The lease names of the app "app": its default election and the election "reports".
+LEASES = {None: "app", "reports": "app.reports"}
+
+
+def coordinator(group):
+    conf = {"leader_backend_url": "memory://two", "leader_name": "app"}
+    settings = load_app_settings(conf, "t")
+    made = coordinator_module.Coordinator(
+        settings.worker,
+        open_store("memory://two", timeout=1),
+        nodename="w@h",
+        pool_kind="prefork",
+        group=group,
+        lease_of=settings.names.lease_of,
     )
+    made.add_election(
+        "reports", settings.for_named("reports"), open_store("memory://two", timeout=1)
+    )
+    return made
 
 
 def test_ending_one_election_kills_and_hands_back_only_its_own_requests(monkeypatch):
     group = ElectionGroup()
-    billing, reports = coordinator(group, "billing"), coordinator(group, "reports")
+    made = coordinator(group)
+    billing, reports = made.default, made.elections["reports"]
     assert billing.shared.group is reports.shared.group is group.shared
-    assert [election.name for election in group] == ["billing", "reports"]
+    assert [election.name for election in group] == ["app", "app.reports"]
     billing.shared.publish(TOKEN, clock.now() + 60)
     reports.shared.publish(TOKEN, clock.now() + 60)
     billing_child, reports_child = sleeper(), sleeper()
     running = [
-        Request("billing", billing_child.pid, dispatched=True),
+        Request(None, billing_child.pid, dispatched=True),
         Request("reports", reports_child.pid, dispatched=True),
     ]
     waiting = [
-        Request("billing", admitted=False),
+        Request(None, admitted=False),
         Request("reports", admitted=False),
         Request("reports"),  # admitted on receipt (a message with an expiry), not sent yet
     ]
@@ -133,7 +147,8 @@ def test_ending_one_election_kills_and_hands_back_only_its_own_requests(monkeypa
     monkeypatch.setattr(coordinator_module.worker_state, "active_requests", set(running))
     monkeypatch.setattr(coordinator_module.worker_state, "reserved_requests", set(waiting))
     try:
-        assert billing.leader_runs(TOKEN) == [running[0]]
+        assert billing.term_end.leader_runs(TOKEN) == [running[0]]
+        assert reports.term_end.leader_runs(TOKEN) == [running[1]]
         billing.revoke(TOKEN, on_loop=True)
         assert billing_child.wait(5) == -signal.SIGKILL
         assert reports_child.poll() is None
@@ -147,5 +162,5 @@ def test_ending_one_election_kills_and_hands_back_only_its_own_requests(monkeypa
         for proc in (billing_child, reports_child):
             proc.kill()
             proc.wait()
-        for made in (billing, reports):
-            made.manager.store.close()
+        for election in (billing, reports):
+            election.manager.store.close()

@@ -100,6 +100,13 @@ class Admitting:
     class settings:  # noqa: N801 - stands for LeaderSettings
         name = "gate"
 
+    #: The election's lease name and leader queue (stands for a WorkerElection).
+    name = "gate"
+    queue = "gate.leader"
+
+    def election_for(self, task):
+        return self
+
     def admit(self):
         return 5
 

@@ -1,0 +1,255 @@
+"""One election in a worker: its lease, its leader queue, the end of its terms, its step-down.
+
+A worker takes part in its app's default election and in every named
+election of the leader-only tasks it imports (``@leader_only(election=...)``,
+``leader_elections``). Each is one :class:`WorkerElection`, owned by the
+worker's :class:`~celery_leader.worker.coordinator.Coordinator`, which wires
+what they share (the consumer, loop liveness, the watchdog, the signal
+thread, redelivered copies). Per election:
+
+* an :class:`~celery_leader.elections.election.Election` (lease manager,
+  shared-memory slot, listener) in the process's election group;
+* a :class:`~celery_leader.term_end.in_worker.TermEnd` that ends its terms:
+  only its own runs are killed and only its own messages handed back;
+* its leader queue, consumed exactly while it leads;
+* its step-down, and its part of a warm shutdown.
+
+Guarantees and threads are those of the coordinator: lease events arrive on
+the election's manager thread; queue changes run on the consumer's loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from celery_leader import signals
+from celery_leader.elections.election import Election
+from celery_leader.lease import EventKind, LeaseEvent, Role
+from celery_leader.settings import LeaderSettings
+from celery_leader.stores.base import Holder, LeaseStore
+from celery_leader.term_end.in_worker import SnapshotError, TermEnd
+from celery_leader.worker.wakeup import wake_redis_consumer
+
+if TYPE_CHECKING:
+    from celery_leader.worker.coordinator import Coordinator
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerElection:
+    """One election of this worker; see the module docstring."""
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        settings: LeaderSettings,
+        store: LeaseStore,
+        *,
+        election: str | None,
+        lease_of: Callable[[str | None], str],
+    ) -> None:
+        self.coordinator = coordinator
+        self.settings = settings
+        #: The election's own name (``@leader_only(election=...)``); None: the default one.
+        self.short_name = election
+        self.election: Election = coordinator.group.add(
+            settings.name,
+            store,
+            settings.timing,
+            holder=Holder.for_this_process(coordinator.nodename),
+            liveness=coordinator.is_live,
+            release_guard=self._work_stopped,
+            may_publish=coordinator.watchdog_alive,
+            on_elected=self._on_elected,
+            on_ended=self._on_ended,
+        )
+        self.manager = self.election.manager
+        #: This election's shared-memory slot (its group holds the run table).
+        self.shared = self.election.shared
+        #: Ends this election's terms here (see celery_leader.term_end.in_worker).
+        self.term_end = TermEnd(
+            self.shared,
+            coordinator.pool_kind,
+            policy_for=coordinator.policy_for,
+            post=coordinator.post,
+            wake_loop=coordinator.wake_loop,
+            stop_consuming=self.sync_consumption,
+            waiting=coordinator.waiting_messages,
+            lease_of=lease_of,
+        )
+        self.stepping_down = False
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        """The election's lease name."""
+        return self.settings.name
+
+    @property
+    def queue(self) -> str:
+        """The election's leader queue."""
+        return self.settings.queue
+
+    # -- the gate (loop thread) -----------------------------------------------
+
+    def admit(self) -> int | None:
+        """The token to run a leader task of this election under now, or None to hand it back."""
+        token = self.manager.current_token()
+        if not self._taking_work() or token is None or not self.shared.valid_for(token):
+            return None
+        return token
+
+    def _taking_work(self) -> bool:
+        """False while stepping down or shutting down: no new leader work then."""
+        return not (self.stepping_down or self.coordinator.shutting_down)
+
+    # -- leader queue (loop thread) -------------------------------------------
+
+    def should_consume(self) -> bool:
+        """True when this worker should consume the election's leader queue now."""
+        return self._taking_work() and self.manager.is_leader()
+
+    def sync_consumption(self) -> None:
+        """Consume the leader queue exactly when leading. Loop thread only."""
+        consumer = self.coordinator.consumer
+        if consumer is None or getattr(consumer, "task_consumer", None) is None:
+            return
+        queue = self.queue
+        consuming = consumer.task_consumer.consuming_from(queue)
+        wanted = self.should_consume()
+        if wanted and not consuming:
+            consumer.add_task_queue(queue)
+            wake_redis_consumer(consumer)
+        elif not wanted:
+            if consuming:
+                consumer.cancel_task_queue(queue)
+            else:
+                consumer.app.amqp.queues.deselect(queue)
+
+    # -- lease events (manager thread) ----------------------------------------
+
+    def _on_elected(self, event: LeaseEvent) -> None:
+        """A term began (manager thread; the Election published it already)."""
+        token = event.term.token
+        self.coordinator.post(self.sync_consumption)
+        self.coordinator.wake_loop()
+        self.coordinator.send_signal(signals.leader_elected, self.name, token=token)
+        self.coordinator.send_event("leader-elected", self.name, token=token)
+
+    def _on_ended(self, event: LeaseEvent) -> None:
+        """A term ended (manager thread; the Election revoked it already): end its work."""
+        token = event.term.token
+        self.term_end.end(token)
+        if event.kind is EventKind.LOST:
+            reason = event.reason.value if event.reason else "unknown"
+            self.coordinator.send_signal(signals.leader_lost, self.name, token=token, reason=reason)
+            self.coordinator.send_event("leader-lost", self.name, token=token, reason=reason)
+        else:
+            self.coordinator.send_signal(signals.leader_released, self.name, token=token)
+            self.coordinator.send_event("leader-released", self.name, token=token)
+
+    # -- the end of a term (celery_leader.term_end.in_worker) ------------------
+
+    def revoke(self, token: int, *, on_loop: bool = False) -> None:
+        """End term *token* here for good (see :meth:`TermEnd.end`)."""
+        self.term_end.end(token, on_loop=on_loop)
+
+    def _work_stopped(self, term: Any) -> bool:
+        return self.term_end.work_stopped(term)
+
+    def await_stopped(self, token: int) -> None:
+        """Stop the runs of *token*; where they cannot be killed, wait for them while leading."""
+        self.term_end.await_stopped(
+            token,
+            self.settings.stop_grace,
+            holding=lambda: self.manager.state().role is not Role.FOLLOWER,
+            poll=self.settings.timing.renew_interval,
+        )
+
+    # -- step-down (loop thread, from a control command) ---------------------
+
+    def step_down(self) -> dict[str, Any]:
+        """Stop leader work, then release in the background and sit out one ttl."""
+        node = self.coordinator.nodename
+        token = self.manager.current_token()
+        if token is None:
+            return {"ok": False, "reason": "not leader", "node": node, "election": self.name}
+        with self._lock:
+            if self.stepping_down:
+                return {"ok": True, "token": token, "node": node, "election": self.name}
+            self.stepping_down = True
+        self.revoke(token, on_loop=True)
+        threading.Thread(
+            target=self._finish_step_down,
+            args=(token,),
+            name="celery-leader-step-down",
+            daemon=True,
+        ).start()
+        return {"ok": True, "token": token, "node": node, "election": self.name}
+
+    def _finish_step_down(self, token: int) -> None:
+        try:
+            self.await_stopped(token)
+            self.manager.step_down(sit_out=self.settings.timing.ttl)
+        except Exception:
+            logger.exception("celery-leader: step-down of election %r failed", self.name)
+        finally:
+            self.stepping_down = False
+
+    # -- shutdown -------------------------------------------------------------
+
+    def begin_shutdown(self) -> None:
+        """Warm shutdown: stop runs per policy, release once they stopped (in the background)."""
+        token = self.manager.current_token()
+        if token is None:
+            return
+        self.revoke(token)  # the consumer is stopping: only the urgent part still runs
+        threading.Thread(
+            target=self._release_when_stopped,
+            args=(token,),
+            name="celery-leader-shutdown",
+            daemon=True,
+        ).start()
+
+    def _release_when_stopped(self, token: int) -> None:
+        try:
+            self.await_stopped(token)
+            self.manager.stop(release=True)
+        except Exception:
+            logger.exception("celery-leader: early release failed; releasing at shutdown")
+
+    def finish_shutdown(self) -> None:
+        """After the pool drained: stop leading, release, close the store."""
+        try:
+            self.manager.stop(release=True)
+        finally:
+            self.manager.store.close()
+
+    # -- inspection -----------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        """The election as ``celery inspect leader`` shows it."""
+        state = self.manager.state()
+        left = self.manager.time_left()
+        leading = state.role is Role.LEADER and left is not None
+        view: dict[str, Any] = {
+            "role": "leader" if leading else "follower",
+            "name": self.name,
+            "token": state.token if leading else None,
+            "expires_in": round(left, 3) if left is not None else None,
+        }
+        holding_off = self.manager.hold_off_left()
+        if holding_off is not None:
+            # The lease is ours in the store, but no leader work runs until the
+            # hold-off ends: what `celery leader status` also says.
+            view["holding_off"] = round(holding_off, 3)
+        if leading and (self.stepping_down or self.coordinator.shutting_down):
+            view["stepping_down"] = True
+            try:
+                view["draining"] = len(self.term_end.leader_runs(state.token or 0))
+            except SnapshotError:
+                view["draining"] = None
+        return view

@@ -1,0 +1,36 @@
+"""The test app with named elections: leaderapp's tasks, plus tasks of "billing" and "reports".
+
+A separate module, so that workers of every other integration test take part
+in the default election only. LEADER_EXCLUDE (comma-separated) sets
+``leader_elections_exclude``; LEADER_ELECTIONS sets ``leader_elections``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery_leader import leader_only, lease_lost
+from tests.integration.leaderapp import app, leader_record, plain_record, record
+
+__all__ = ["app", "billing_record", "leader_record", "plain_record", "reports_record"]
+
+if os.environ.get("LEADER_EXCLUDE"):
+    app.conf.leader_elections_exclude = os.environ["LEADER_EXCLUDE"].split(",")
+if os.environ.get("LEADER_ELECTIONS"):
+    app.conf.leader_elections = os.environ["LEADER_ELECTIONS"].split(",")
+
+
+@leader_only(election="billing")
+@app.task(bind=True)
+def billing_record(self, i):
+    record("start", self, i=i, election="billing", lost=lease_lost())
+    record("end", self, i=i, election="billing")
+    return i
+
+
+@leader_only(election="reports")
+@app.task(bind=True)
+def reports_record(self, i):
+    record("start", self, i=i, election="reports", lost=lease_lost())
+    record("end", self, i=i, election="reports")
+    return i

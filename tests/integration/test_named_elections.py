@@ -1,0 +1,165 @@
+"""Named elections on real workers: each election runs on its own holder, with its own tokens.
+
+The app is ``tests.integration.electionsapp``: leaderapp's tasks (the default
+election) plus ``billing_record`` (election "billing") and ``reports_record``
+(election "reports"). Balancing comes later; here which worker leads what is
+set with ``leader_elections_exclude``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from celery_leader.stores import open_store
+from harness.cluster import ROOT
+
+APP = "tests.integration.electionsapp"
+BILLING = f"{APP}.billing_record"
+REPORTS = f"{APP}.reports_record"
+
+
+def starts(rows, election=None):
+    return [r for r in rows if r["kind"] == "start" and r.get("election") == election]
+
+
+def celery(cluster, *args):
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", APP, *args],
+        cwd=ROOT,
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def holder(cluster, lease, timeout=15.0, after=0):
+    """(nodename, token) of the holder of *lease* once it leads with a token above *after*."""
+    store = open_store(cluster.env["LEADER_STORE"], timeout=2)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            record = store.read(lease)
+            if record is not None and record.hold_off <= 0 and record.token > after:
+                return record.nodename, record.token
+            time.sleep(0.05)
+    finally:
+        store.close()
+    raise AssertionError(f"nobody leads {lease}")
+
+
+def route_by_name(cluster):
+    """The client sends by name: ``leader_tasks`` maps each task to its election."""
+    cluster.client.conf.leader_tasks = {
+        "tests.integration.leaderapp.*": "",
+        BILLING: "billing",
+        REPORTS: "reports",
+    }
+
+
+@pytest.mark.slow
+def test_each_election_runs_on_its_own_holder_with_its_own_tokens(cluster_for):
+    """w1 cannot lead billing: it leads the default election, w2 billing; nothing crosses."""
+    cluster = cluster_for("redis")
+    route_by_name(cluster)
+    (w1,) = cluster.start(1, app=APP, env={"LEADER_EXCLUDE": "billing,reports"})
+    assert holder(cluster, cluster.name)[0] == w1.nodename
+    (w2,) = cluster.start(1, app=APP)
+    billing_holder, billing_token = holder(cluster, f"{cluster.name}.billing")
+    assert billing_holder == w2.nodename, "w1 excludes billing: only w2 can lead it"
+    for i in range(20):
+        cluster.send("leader_record", i)
+        cluster.client.send_task(BILLING, args=(i,))
+    rows = cluster.wait_history(
+        lambda r: len(starts(r)) >= 20 and len(starts(r, "billing")) >= 20, 60
+    )
+    default_runs, billing_runs = starts(rows), starts(rows, "billing")
+    assert sorted(r["i"] for r in default_runs) == list(range(20))
+    assert sorted(r["i"] for r in billing_runs) == list(range(20)), "each ran once"
+    assert {r["worker"] for r in default_runs} == {w1.nodename}
+    assert {r["worker"] for r in billing_runs} == {w2.nodename}
+    assert {r["token"] for r in billing_runs} == {billing_token}
+    assert not any(r["lost"] for r in billing_runs), "lease_lost() reads billing's own term"
+    consuming = f"Started consuming from {cluster.name}.billing.leader"
+    assert consuming in w2.text() and consuming not in w1.text()
+
+    # status: one row per election, and the JSON "elections" map
+    proc = celery(cluster, "leader", "status", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    status = json.loads(proc.stdout)
+    assert status["leader"]["nodename"] == w1.nodename, "v0.1 keys: the default election"
+    assert status["elections"][cluster.name]["nodename"] == w1.nodename
+    assert status["elections"]["billing"]["nodename"] == w2.nodename
+    assert status["elections"]["billing"]["token"] == billing_token
+    assert status["elections"]["reports"]["nodename"] == w2.nodename
+    proc = celery(cluster, "leader", "status", "--election", "billing", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["leader"]["nodename"] == w2.nodename
+    human = celery(cluster, "leader", "status").stdout
+    assert "ELECTION" in human and "billing" in human and w2.nodename in human
+    bad = celery(cluster, "leader", "status", "--election", "no such")
+    assert bad.returncode == 2 and "--election='no such' is not allowed" in bad.stderr
+
+    # inspect: each worker's elections
+    proc = celery(cluster, "inspect", "leader", "--json", "--timeout", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    views = json.loads(proc.stdout)
+    assert views[w2.nodename]["elections"]["billing"]["role"] == "leader"
+    assert views[w1.nodename]["elections"][cluster.name]["role"] == "leader"
+    assert "billing" not in views[w1.nodename]["elections"], "w1 excludes billing"
+
+
+@pytest.mark.slow
+def test_a_message_in_another_elections_queue_is_republished_to_its_own(cluster_for):
+    """A billing message put in the default leader queue runs once, on billing's holder."""
+    cluster = cluster_for("redis")
+    (w1,) = cluster.start(1, app=APP, env={"LEADER_EXCLUDE": "billing"})
+    holder(cluster, cluster.name)
+    (w2,) = cluster.start(1, app=APP, env={"LEADER_EXCLUDE": "reports"})
+    billing_holder, billing_token = holder(cluster, f"{cluster.name}.billing")
+    assert billing_holder == w2.nodename
+    for i in range(5):
+        cluster.client.send_task(BILLING, args=(i,), queue=f"{cluster.name}.leader")
+    rows = cluster.wait_history(lambda r: len(starts(r, "billing")) >= 5, 30)
+    billing_runs = starts(rows, "billing")
+    assert sorted(r["i"] for r in billing_runs) == list(range(5)), "each ran once"
+    assert {r["worker"] for r in billing_runs} == {w2.nodename}
+    assert {r["token"] for r in billing_runs} == {billing_token}
+    assert "re-routed to" in w1.text()
+
+
+@pytest.mark.slow
+def test_a_named_election_fails_over_and_steps_down_on_its_own(cluster_for):
+    """Kill billing's holder: billing moves with a greater token, the default election stays."""
+    cluster = cluster_for("redis")
+    route_by_name(cluster)
+    (w1,) = cluster.start(1, app=APP, env={"LEADER_EXCLUDE": "billing"})
+    default_holder, default_token = holder(cluster, cluster.name)
+    assert default_holder == w1.nodename
+    w2, w3 = cluster.start(2, app=APP, env={"LEADER_EXCLUDE": ""})
+    first, first_token = holder(cluster, f"{cluster.name}.billing")
+    victim = w2 if first == w2.nodename else w3
+    survivor = w3 if victim is w2 else w2
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait()
+    second, second_token = holder(cluster, f"{cluster.name}.billing", timeout=20, after=first_token)
+    assert second == survivor.nodename and second_token > first_token
+    assert holder(cluster, cluster.name) == (w1.nodename, default_token), "default untouched"
+    for i in range(5):
+        cluster.client.send_task(BILLING, args=(i,))
+    rows = cluster.wait_history(lambda r: len(starts(r, "billing")) >= 5, 30)
+    assert {r["token"] for r in starts(rows, "billing")} == {second_token}
+
+    proc = celery(cluster, "leader", "step-down", "--election", "billing")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{survivor.nodename} stepped down (token {second_token})" in proc.stdout
+    assert holder(cluster, cluster.name) == (w1.nodename, default_token), "default untouched"
+    third, _ = holder(cluster, f"{cluster.name}.billing", timeout=20, after=second_token)
+    assert third == survivor.nodename, "the only worker left that can lead billing"
