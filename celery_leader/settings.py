@@ -438,6 +438,11 @@ class ElectionNames:
         """Beat's election: the workers' name with :data:`BEAT_SUFFIX`."""
         return self.leader + BEAT_SUFFIX
 
+    @property
+    def members(self) -> str:
+        """The group the workers announce themselves in, for balancing named elections."""
+        return f"{self.leader}.members"
+
     def lease_of(self, election: str | None) -> str:
         """The lease name of *election* (None: the default election): ``"<leader>.<election>"``."""
         return self.leader if election is None else f"{self.leader}.{election}"

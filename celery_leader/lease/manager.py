@@ -208,8 +208,12 @@ class LeaseManager:
         event_factory: Callable[[], threading.Event] = threading.Event,
         thread_factory: Callable[..., threading.Thread] = threading.Thread,
         call: StoreCall | None = None,
+        acquire_delay: Callable[[], float] | None = None,
     ) -> None:
         self.store = store
+        #: Asked before each attempt to acquire: seconds to wait first (0: try now).
+        #: Named elections' balancer uses it; it only ever delays an attempt.
+        self._acquire_delay = acquire_delay
         self.name = name
         self.timing = timing
         self._holder = holder or Holder.for_this_process()
@@ -413,12 +417,30 @@ class LeaseManager:
             return self._try_acquire()
         return self._keep()
 
+    def _wait_before_competing(self) -> float:
+        """Seconds to wait before an attempt to acquire; 0 to try now.
+
+        A process not fit to lead does not compete; a balancer may ask to
+        wait for the worker planned to lead (0 when asking fails: a plan
+        never blocks an election).
+        """
+        if self._liveness is not None and not self._is_live():
+            return self.timing.renew_interval
+        if self._acquire_delay is None:
+            return 0.0
+        try:
+            return max(0.0, float(self._acquire_delay()))
+        except Exception:
+            logger.exception("celery-leader: acquire_delay of election %r raised", self.name)
+            return 0.0
+
     def _try_acquire(self) -> float:
         now = self._clock()
         if now < self._sit_out_until:
             return self._sit_out_until - now
-        if self._liveness is not None and not self._is_live():
-            return self.timing.renew_interval  # not fit to lead: do not compete
+        wait = self._wait_before_competing()
+        if wait > 0:
+            return wait
         if self._term_ended:
             self._term_ended = False
             self._holder = replace(self._holder, lease_id=uuid.uuid4().hex)

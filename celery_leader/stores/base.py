@@ -111,6 +111,28 @@ class MissingExtraError(ImportError):
 
 
 @runtime_checkable
+class Presence(Protocol):
+    """An optional part a store may offer: who takes part in a group, each announced with a ttl.
+
+    Workers announce themselves once per renew interval; the balancer of
+    named elections (:mod:`celery_leader.elections.balance`) reads the live
+    members from the same call, so it costs one store round trip per
+    interval. A member that stops announcing is gone *ttl* seconds after its
+    last announcement, measured on the store's clock where the store has one.
+    A store without it still elects; it does not balance.
+    """
+
+    def announce(self, group: str, member: str, payload: str, ttl: float) -> dict[str, str]:
+        """Record *member* of *group* with *payload* for *ttl* seconds; every live member's payload.
+
+        The answer includes *member* itself.
+        """
+
+    def withdraw(self, group: str, member: str) -> None:
+        """Remove *member* from *group* now (a worker that stops)."""
+
+
+@runtime_checkable
 class TokenHistory(Protocol):
     """An optional read a store may offer beside :class:`LeaseStore`: whether a term ever began.
 

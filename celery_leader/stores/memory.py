@@ -43,6 +43,8 @@ class _Space:
     leases: dict[str, _Lease] = field(default_factory=dict)
     tokens: dict[str, int] = field(default_factory=dict)
     state: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: group -> member -> (payload, expires at, monotonic clock)
+    members: dict[str, dict[str, tuple[str, float]]] = field(default_factory=dict)
     watchers: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
 
 
@@ -174,6 +176,21 @@ class MemoryLeaseStore:
                 return False
             self._space.state.setdefault(name, {})[key] = value
             return True
+
+    def announce(self, group: str, member: str, payload: str, ttl: float) -> dict[str, str]:
+        """See :class:`~celery_leader.stores.base.Presence`."""
+        with self._space.lock:
+            now = time.monotonic()
+            members = self._space.members.setdefault(group, {})
+            members[member] = (payload, now + ttl)
+            for gone in [m for m, (_, until) in members.items() if until <= now]:
+                del members[gone]
+            return {m: value for m, (value, _) in members.items()}
+
+    def withdraw(self, group: str, member: str) -> None:
+        """See :class:`~celery_leader.stores.base.Presence`."""
+        with self._space.lock:
+            self._space.members.get(group, {}).pop(member, None)
 
     def watch(self, name: str, callback: Callable[[], None]) -> Watch:
         """Call back on every release of *name*, and at once if it is free now."""

@@ -131,6 +131,16 @@ def state_key(name: str) -> str:
     return f"{KEY_PREFIX}:{{{name}}}:state"
 
 
+def members_key(group: str) -> str:
+    """The sorted set of *group*'s members, scored by when each expires (server ms)."""
+    return f"{KEY_PREFIX}:{{{group}}}:members"
+
+
+def payloads_key(group: str) -> str:
+    """The hash of *group*'s members' payloads."""
+    return f"{KEY_PREFIX}:{{{group}}}:payloads"
+
+
 def release_channel(name: str) -> str:
     """The pub/sub channel on which releases of *name* are announced."""
     return f"{KEY_PREFIX}:{{{name}}}:released"
@@ -301,6 +311,32 @@ class RedisLeaseStore:
     def validate_options(cls, options: Mapping[str, Any]) -> None:
         """No keys of its own: everything is in the URL."""
 
+    # KEYS[1] members (sorted by expiry, server ms), KEYS[2] payloads.
+    # ARGV[1] member ("" to only withdraw nobody), ARGV[2] payload, ARGV[3] ttl in ms,
+    # ARGV[4] "1" to withdraw ARGV[1] instead of announcing it.
+    # Drops expired members, then returns every live member's payload (flat list).
+    ANNOUNCE_LUA = """
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local ttl = tonumber(ARGV[3])
+    if ARGV[4] == '1' then
+      redis.call('ZREM', KEYS[1], ARGV[1])
+      redis.call('HDEL', KEYS[2], ARGV[1])
+    else
+      redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+      redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+    end
+    local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+    for _, member in ipairs(gone) do
+      redis.call('HDEL', KEYS[2], member)
+    end
+    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+    -- The group outlives its last member by one ttl at most.
+    redis.call('PEXPIRE', KEYS[1], ttl * 2)
+    redis.call('PEXPIRE', KEYS[2], ttl * 2)
+    return redis.call('HGETALL', KEYS[2])
+    """
+
     def __init__(self, client: redis.Redis, url: str) -> None:
         self._client = client
         self.url = mask_url(url)
@@ -309,6 +345,7 @@ class RedisLeaseStore:
         self._release = client.register_script(self.RELEASE_LUA)
         self._read = client.register_script(self.READ_LUA)
         self._set_state = client.register_script(self.SET_STATE_LUA)
+        self._announce = client.register_script(self.ANNOUNCE_LUA)
         self._eviction_checked = False
         self._info_warned = False
 
@@ -459,6 +496,24 @@ class RedisLeaseStore:
                 keys=[lease_key(name), state_key(name)], args=[lease_id, key, value]
             )
         return int(reply) == 1
+
+    def announce(self, group: str, member: str, payload: str, ttl: float) -> dict[str, str]:
+        """See :class:`~celery_leader.stores.base.Presence`: one script, one round trip."""
+        return self._members(group, member, payload, ttl, withdraw=False)
+
+    def withdraw(self, group: str, member: str) -> None:
+        """See :class:`~celery_leader.stores.base.Presence`."""
+        self._members(group, member, "", 1.0, withdraw=True)
+
+    def _members(
+        self, group: str, member: str, payload: str, ttl: float, *, withdraw: bool
+    ) -> dict[str, str]:
+        keys = [members_key(group), payloads_key(group)]
+        args: list[str | int] = [member, payload, max(1, int(ttl * 1000)), "1" if withdraw else "0"]
+        with self._translated("presence"):
+            flat = self._announce(keys=keys, args=args)
+        values = [v.decode() if isinstance(v, bytes) else str(v) for v in flat]
+        return dict(zip(values[::2], values[1::2], strict=True))
 
     def watch(self, name: str, callback: Callable[[], None]) -> Watch:
         """Subscribe to the release channel in a daemon thread."""

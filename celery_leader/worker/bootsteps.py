@@ -33,11 +33,13 @@ from celery_leader.exceptions import ConfigurationError
 from celery_leader.settings import LeaderSettings, app_settings
 from celery_leader.startup_error import StartupConfigurationError
 from celery_leader.stores import open_store
+from celery_leader.stores.base import Presence
 from celery_leader.stores.registry import TEST_ONLY_SCHEMES, shared_store_urls
 from celery_leader.tasks import ensure_router, resolve_leader_tasks
 from celery_leader.term_end import KILLABLE_POOLS
 from celery_leader.worker import control as _control  # noqa: F401 - registers the commands
 from celery_leader.worker import missing_step as _missing_step  # noqa: F401 - connects the warning
+from celery_leader.worker.balancer import Balancer
 from celery_leader.worker.coordinator import Coordinator, current_coordinator
 from celery_leader.worker.redelivery import warn_about_visibility
 
@@ -197,6 +199,8 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
                 coordinator.add_election(
                     election, self.app_settings.for_named(election), stores[election]
                 )
+        if self.app_settings.choice.balance and len(coordinator.elections) > 1:
+            coordinator.balancer = self._balancer(coordinator)
         coordinator.install()  # forks the watchdog: before any thread of ours starts
         if settings.metrics.enabled:
             for taking_part in coordinator.elections.values():
@@ -219,6 +223,25 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
                 ", ".join(f"{e.short_name!r} (queue {e.queue!r})" for e in named),
             )
         return self
+
+    def _balancer(self, coordinator: Coordinator) -> Balancer | None:
+        """A balancer on a store client of its own, where the store keeps members (Presence)."""
+        store = self._open_store()
+        if not isinstance(store, Presence):
+            store.close()
+            logger.info(
+                "celery-leader: the %s store cannot list workers: elections are not balanced",
+                self.settings.masked_backend_url.split(":", 1)[0],
+            )
+            return None
+        timing = self.settings.timing
+        return Balancer(
+            coordinator,
+            store,
+            self.app_settings.names.members,
+            interval=timing.renew_interval,
+            ttl=timing.ttl,
+        )
 
     def _open_store(self) -> Any:
         settings = self.settings

@@ -48,6 +48,7 @@ from celery_leader.tasks.runtime import shared_lease as installed_shared_lease
 from celery_leader.term_end import KILLABLE_POOLS, OnLoss, effective_policy
 from celery_leader.term_end.in_worker import SnapshotError, TermEnd, Waiting, snapshot
 from celery_leader.term_end.watchdog import Watchdog
+from celery_leader.worker.balancer import Balancer
 from celery_leader.worker.dispatch import SerialDispatcher
 from celery_leader.worker.eta import held_for_eta
 from celery_leader.worker.redelivery import (
@@ -103,6 +104,8 @@ class Coordinator:
         self.redeliveries = Redeliveries()
         #: Ends prefork runs at their term's deadline (see celery_leader.term_end.watchdog).
         self.watchdog = Watchdog(self.group.shared) if pool_kind in KILLABLE_POOLS else None
+        #: Spreads the elections over the workers, where the store can (see worker.balancer).
+        self.balancer: Balancer | None = None
         #: Every election of this worker by its own name (None: the default one).
         self.elections: dict[str | None, WorkerElection] = {}
         #: The default election (what a task with no ``election`` runs under).
@@ -119,6 +122,11 @@ class Coordinator:
         added = WorkerElection(self, settings, store, election=election, lease_of=self.lease_of)
         self.elections[election] = added
         return added
+
+    def acquire_delay(self, election: str) -> float:
+        """Seconds election *election* should wait before trying to acquire (the balancer's)."""
+        balancer = self.balancer
+        return balancer.acquire_delay(election) if balancer is not None else 0.0
 
     def election_for(self, task: Any) -> WorkerElection | None:
         """The election *task* runs under here, or None when this worker does not take part."""
@@ -213,6 +221,8 @@ class Coordinator:
         self.tick()
         if not self._started:
             self._started = True
+            if self.balancer is not None:
+                self.balancer.start()
             for election in list(self.elections.values()):
                 election.manager.start()
         self.sync_consumption()
@@ -429,6 +439,8 @@ class Coordinator:
         latest.
         """
         self.shutting_down = True
+        if self.balancer is not None:
+            self.balancer.stop()  # the others plan without this worker at once
         for election in list(self.elections.values()):
             election.begin_shutdown()
 
@@ -444,6 +456,9 @@ class Coordinator:
                         "celery-leader: error while releasing election %r", election.name
                     )
         finally:
+            if self.balancer is not None:
+                self.balancer.stop()
+                self.balancer.store.close()  # type: ignore[attr-defined]
             if self._signals is not None:
                 self._signals.close()
             if self.watchdog is not None:

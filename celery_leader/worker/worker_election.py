@@ -65,6 +65,7 @@ class WorkerElection:
             may_publish=coordinator.watchdog_alive,
             on_elected=self._on_elected,
             on_ended=self._on_ended,
+            acquire_delay=lambda: coordinator.acquire_delay(settings.name),
         )
         self.manager = self.election.manager
         #: This election's shared-memory slot (its group holds the run table).
@@ -189,6 +190,39 @@ class WorkerElection:
             daemon=True,
         ).start()
         return {"ok": True, "token": token, "node": node, "election": self.name}
+
+    def hand_over(self) -> bool:
+        """Give the election to another worker gently (the balancer's move); False if not leading.
+
+        Unlike :meth:`step_down`, runs in progress are not stopped at once:
+        the worker stops taking the election's work, waits up to
+        ``leader_stop_grace`` for its runs to end, and only then ends the
+        term (what still runs is stopped per its policy), releases and sits
+        out one ttl, so the planned worker acquires. Any thread.
+        """
+        token = self.manager.current_token()
+        if token is None:
+            return False
+        with self._lock:
+            if self.stepping_down:
+                return True
+            self.stepping_down = True
+        self.coordinator.post(self.sync_consumption)
+        threading.Thread(
+            target=self._finish_hand_over,
+            args=(token,),
+            name="celery-leader-hand-over",
+            daemon=True,
+        ).start()
+        return True
+
+    def _finish_hand_over(self, token: int) -> None:
+        try:
+            self.term_end.runs_ended(token, self.settings.stop_grace)
+            self.revoke(token)
+        except Exception:
+            logger.exception("celery-leader: hand-over of election %r failed", self.name)
+        self._finish_step_down(token)
 
     def _finish_step_down(self, token: int) -> None:
         try:

@@ -163,3 +163,78 @@ def test_a_named_election_fails_over_and_steps_down_on_its_own(cluster_for):
     assert holder(cluster, cluster.name) == (w1.nodename, default_token), "default untouched"
     third, _ = holder(cluster, f"{cluster.name}.billing", timeout=20, after=second_token)
     assert third == survivor.nodename, "the only worker left that can lead billing"
+
+
+SIX = ("", "billing", "reports", "audit", "export", "sync")
+
+
+def holders(cluster) -> dict[str, tuple[str, int] | None]:
+    """Election -> (holder, token) for the six elections, from the store."""
+    store = open_store(cluster.env["LEADER_STORE"], timeout=2)
+    try:
+        found = {}
+        for election in SIX:
+            record = store.read(f"{cluster.name}.{election}" if election else cluster.name)
+            found[election] = None if record is None else (record.nodename, record.token)
+        return found
+    finally:
+        store.close()
+
+
+def wait_spread(cluster, workers, per_worker, timeout):
+    """Wait until every election is held and each of *workers* holds *per_worker*; the view."""
+    deadline = time.monotonic() + timeout
+    seen = holders(cluster)
+    while time.monotonic() < deadline:
+        seen = holders(cluster)
+        counts = {w.nodename: 0 for w in workers}
+        for held in seen.values():
+            if held is not None and held[0] in counts:
+                counts[held[0]] += 1
+        if all(held is not None for held in seen.values()) and set(counts.values()) == {per_worker}:
+            return seen
+        time.sleep(0.1)
+    raise AssertionError(f"not spread {per_worker} each within {timeout} s: {seen}")
+
+
+@pytest.mark.slow
+def test_six_elections_spread_over_three_workers_through_a_kill_and_a_restart(cluster_for):
+    """2/2/2; kill one: 3/3 within ttl + a little; a new one: 2/2/2 again by handover."""
+    cluster = cluster_for("redis")
+    route_by_name(cluster)
+    env = {"LEADER_ELECTIONS": "audit,export,sync"}
+    workers = cluster.start(3, app=APP, env=env)
+    first = wait_spread(cluster, workers, 2, 30)
+    tokens = {e: [held[1]] for e, held in first.items() if held is not None}
+
+    victim = workers[0]
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait()
+    killed_at = time.monotonic()
+    second = wait_spread(cluster, workers[1:], 3, 15)
+    took = time.monotonic() - killed_at
+    ttl = float(cluster.env["LEADER_TTL"])
+    assert took < ttl + 4, f"the dead worker's elections moved after {took:.1f} s"
+
+    (joined,) = cluster.start(1, app=APP, env=env)
+    for i in range(10):
+        cluster.client.send_task(BILLING, args=(i,))
+        cluster.client.send_task(REPORTS, args=(i,))
+    third = wait_spread(cluster, [*workers[1:], joined], 2, 40)
+    for view in (second, third):
+        for election, held in view.items():
+            if held is not None and held[1] != tokens[election][-1]:
+                tokens[election].append(held[1])
+    for election, seen in tokens.items():
+        assert seen == sorted(seen) and len(set(seen)) == len(seen), (election, seen)
+
+    rows = cluster.wait_history(
+        lambda r: len(starts(r, "billing")) >= 10 and len(starts(r, "reports")) >= 10, 30
+    )
+    for election in ("billing", "reports"):
+        runs = sorted(starts(rows, election), key=lambda r: r["at"])
+        assert sorted(r["i"] for r in runs) == list(range(10)), f"{election}: each ran once"
+        assert [r["token"] for r in runs] == sorted(r["token"] for r in runs), (
+            f"{election}: a run of an older term started after a newer one"
+        )
+    assert "handing election" in "".join(w.text() for w in workers[1:])

@@ -313,3 +313,21 @@ def test_claimed_multi_host_excludes_a_client_on_another_host(make_store, lease_
     with on_another_host(monkeypatch):
         assert there.acquire("job", holder("b"), ttl=lease_ttl).acquired
     assert not here.acquire("job", holder("a"), ttl=lease_ttl).acquired
+
+
+def test_presence_lists_live_members_and_forgets_silent_ones(make_store, lease_ttl):
+    """A store that keeps members (Presence): one call announces and lists; silence expires."""
+    from celery_leader.stores.base import Presence
+
+    store = make_store()
+    if not isinstance(store, Presence):
+        pytest.skip(f"the {type(store).__name__} does not keep members (no balancing)")
+    group = f"members-{time.monotonic_ns()}"
+    assert store.announce(group, "w1", "one", lease_ttl) == {"w1": "one"}
+    assert store.announce(group, "w2", "two", 0.3) == {"w1": "one", "w2": "two"}
+    assert store.announce(group, "w1", "one again", lease_ttl) == {"w1": "one again", "w2": "two"}
+    time.sleep(0.5)
+    assert store.announce(group, "w1", "one", lease_ttl) == {"w1": "one"}, "w2 fell silent"
+    store.announce(group, "w3", "three", lease_ttl)
+    store.withdraw(group, "w3")
+    assert store.announce(group, "w1", "one", lease_ttl) == {"w1": "one"}

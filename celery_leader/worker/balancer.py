@@ -1,0 +1,169 @@
+"""Spreading a worker's elections over the workers (``leader_balance``): one thread per worker.
+
+Once per renew interval the balancer announces this worker in the lease
+store (the elections it may lead and those it leads) and reads every live
+worker's announcement in the same round trip
+(:class:`~celery_leader.stores.base.Presence`). From them it computes the
+plan every worker computes alike (:func:`celery_leader.elections.balance.plan`)
+and acts on it in two ways only:
+
+* **Acquiring waits for the planned worker.** Each election's lease manager
+  asks :meth:`Balancer.acquire_delay` before it tries to acquire: a worker
+  that is not the planned one waits while the planned one is alive, so a
+  free election (a dead worker's, or one handed over) goes to the least
+  loaded. A worker that waited two ttls tries anyway: an election is never
+  left without a leader because of a plan.
+* **A surplus is handed over.** A worker that leads an election planned for
+  another live worker hands it over (stops taking its work, lets its runs
+  end within ``leader_stop_grace``, releases, sits out one ttl), one
+  election at a time, once the set of workers has not changed for two
+  passes and at most once per ttl, so workers coming and going cause no
+  thrashing.
+
+Safety does not depend on any of it: the lease decides who leads, a plan
+only delays an acquire or asks for a release.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from celery_leader.elections.balance import Member, plan
+from celery_leader.exceptions import StoreError
+from celery_leader.stores.base import Presence
+
+if TYPE_CHECKING:
+    from celery_leader.worker.coordinator import Coordinator
+
+logger = logging.getLogger(__name__)
+
+#: Passes with the same set of workers before a surplus is handed over.
+STABLE_PASSES = 2
+
+
+class Balancer:
+    """Announces this worker and hands surplus elections over; see the module docstring."""
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        store: Presence,
+        group: str,
+        *,
+        interval: float,
+        ttl: float,
+    ) -> None:
+        self.coordinator = coordinator
+        self.store = store
+        self.group = group
+        self.interval = interval
+        self.ttl = ttl
+        self.me = coordinator.nodename
+        self._plan: dict[str, str] = {}
+        self._live: frozenset[str] = frozenset()
+        self._same_for = 0
+        self._last_hand_over = -float("inf")
+        self._waiting_since: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # -- the lease managers' question ------------------------------------------
+
+    def acquire_delay(self, election: str) -> float:
+        """Seconds the manager of *election* should wait before trying to acquire (0: try now)."""
+        with self._lock:
+            owner = self._plan.get(election)
+            live = self._live
+        now = time.monotonic()
+        if owner is None or owner == self.me or owner not in live:
+            self._waiting_since.pop(election, None)
+            return 0.0
+        since = self._waiting_since.setdefault(election, now)
+        if now - since > 2 * self.ttl:
+            self._waiting_since.pop(election, None)
+            return 0.0  # the planned worker did not take it: never leave it leaderless
+        return self.interval
+
+    # -- the thread ------------------------------------------------------------
+
+    def start(self) -> None:
+        """Announce once now (so the first acquires follow a plan), then every interval."""
+        self.run_pass()
+        self._thread = threading.Thread(
+            target=self._run, name="celery-leader-balancer", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop announcing and leave the group (others plan without this worker at once)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval + 1)
+        try:
+            self.store.withdraw(self.group, self.me)
+        except StoreError:
+            logger.debug("celery-leader: could not withdraw from %r", self.group, exc_info=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.run_pass()
+            except Exception:
+                logger.exception("celery-leader: balancing pass failed")
+
+    def me_now(self) -> Member:
+        """The announcement of this worker now."""
+        coordinator = self.coordinator
+        elections = list(coordinator.elections.values())
+        able = coordinator.is_live() and not coordinator.shutting_down
+        eligible = frozenset(e.name for e in elections) if able else frozenset()
+        held = frozenset(e.name for e in elections if e.manager.is_leader())
+        return Member(self.me, eligible, held & eligible)
+
+    def run_pass(self) -> None:
+        """Announce, read the others, update the plan, hand over one surplus election if due."""
+        me = self.me_now()
+        try:
+            payloads = self.store.announce(self.group, self.me, me.payload(), self.ttl)
+        except StoreError as exc:
+            logger.debug("celery-leader: balancing skipped a pass: %s", exc)
+            return
+        members = {
+            name: member
+            for name, payload in payloads.items()
+            if (member := Member.parse(name, payload)) is not None
+        }
+        members[self.me] = me
+        planned = plan(members)
+        live = frozenset(members)
+        with self._lock:
+            self._same_for = self._same_for + 1 if live == self._live else 0
+            self._plan, self._live = planned, live
+        self._hand_over_surplus(me, planned, live)
+
+    def _hand_over_surplus(self, me: Member, planned: dict[str, str], live: frozenset[str]) -> None:
+        now = time.monotonic()
+        if self._same_for < STABLE_PASSES or now - self._last_hand_over < self.ttl + self.interval:
+            return
+        for name in sorted(me.held):
+            owner = planned.get(name)
+            if owner is None or owner == self.me or owner not in live:
+                continue
+            election = next(
+                (e for e in self.coordinator.elections.values() if e.name == name), None
+            )
+            if election is not None and election.hand_over():
+                self._last_hand_over = now
+                logger.info(
+                    "celery-leader: handing election %r over to %s (balancing %d workers)",
+                    name,
+                    owner,
+                    len(live),
+                )
+                return
