@@ -91,8 +91,11 @@ class Balancer:
     # -- the thread ------------------------------------------------------------
 
     def start(self) -> None:
-        """Announce once now (so the first acquires follow a plan), then every interval."""
-        self.run_pass()
+        """Announce at once, then every interval, on a thread of its own.
+
+        Until the first pass lands there is no plan, and every election's
+        manager tries to acquire at once, as without balancing.
+        """
         self._thread = threading.Thread(
             target=self._run, name="celery-leader-balancer", daemon=True
         )
@@ -111,11 +114,13 @@ class Balancer:
             logger.debug("celery-leader: could not withdraw from %r", self.group, exc_info=True)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while True:
             try:
                 self.run_pass()
             except Exception:
                 logger.exception("celery-leader: balancing pass failed")
+            if self._stop.wait(self.interval):
+                return
 
     def me_now(self) -> Member:
         """The announcement of this worker now."""

@@ -1,0 +1,112 @@
+"""The balancer thread's decisions, on the in-memory store (real Presence, stand-in worker)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from celery_leader.stores import open_store
+from celery_leader.stores.memory import reset_memory_stores
+from celery_leader.worker import balancer as balancer_module
+from celery_leader.worker.balancer import STABLE_PASSES, Balancer
+
+
+@dataclass
+class Manager:
+    leading: bool = False
+
+    def is_leader(self) -> bool:
+        return self.leading
+
+
+@dataclass
+class Election:
+    name: str
+    manager: Manager = field(default_factory=Manager)
+    handed_over: int = 0
+
+    def hand_over(self) -> bool:
+        self.handed_over += 1
+        return True
+
+
+@dataclass
+class Worker:
+    """Stands for the Coordinator: what the balancer reads of it."""
+
+    nodename: str
+    elections: dict[str | None, Election]
+    shutting_down: bool = False
+
+    def is_live(self) -> bool:
+        return True
+
+
+NAMES = ("app", "app.a", "app.b", "app.c")
+
+
+def worker(nodename: str, leading: tuple[str, ...] = ()) -> Worker:
+    elections = {name: Election(name, Manager(name in leading)) for name in NAMES}
+    return Worker(nodename, elections)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def store():
+    reset_memory_stores()
+    made = open_store("memory://balance", timeout=1)
+    yield made
+    made.close()
+
+
+def balancer(store, of: Worker, ttl: float = 2.0) -> Balancer:
+    return Balancer(of, store, "app.members", interval=0.5, ttl=ttl)  # type: ignore[arg-type]
+
+
+def test_a_worker_not_planned_waits_and_the_planned_one_does_not(store):
+    one, two = worker("w1"), worker("w2")
+    b1, b2 = balancer(store, one), balancer(store, two)
+    b1.run_pass()
+    b2.run_pass()
+    b1.run_pass()
+    for name in NAMES:
+        delays = (b1.acquire_delay(name), b2.acquire_delay(name))
+        assert sorted(delays) == [0.0, 0.5], (name, delays)
+
+
+def test_a_waiting_worker_tries_anyway_after_two_ttls(store, monkeypatch):
+    one, two = worker("w1"), worker("w2")
+    b1, b2 = balancer(store, one), balancer(store, two)
+    b1.run_pass()
+    b2.run_pass()
+    b1.run_pass()
+    now = [1000.0]
+    monkeypatch.setattr(balancer_module.time, "monotonic", lambda: now[0])
+    waiting = next(name for name in NAMES if b1.acquire_delay(name) > 0)
+    now[0] += 2.0
+    assert b1.acquire_delay(waiting) > 0
+    now[0] += 2 * 2.0 + 0.1
+    assert b1.acquire_delay(waiting) == 0.0, "the planned worker never took it"
+
+
+def test_the_most_loaded_worker_hands_one_over_once_the_view_is_stable(store):
+    loaded = worker("w1", leading=NAMES)
+    joined = worker("w2")
+    b1, b2 = balancer(store, loaded), balancer(store, joined)
+    b2.run_pass()
+    for _ in range(STABLE_PASSES):
+        b1.run_pass()
+        assert sum(e.handed_over for e in loaded.elections.values()) == 0, "not stable yet"
+    b1.run_pass()
+    assert sum(e.handed_over for e in loaded.elections.values()) == 1, "one at a time"
+    b1.run_pass()
+    assert sum(e.handed_over for e in loaded.elections.values()) == 1, "at most one per ttl"
+
+
+def test_a_stopped_balancer_leaves_the_group(store):
+    one, two = worker("w1"), worker("w2")
+    b1, b2 = balancer(store, one), balancer(store, two)
+    b1.run_pass()
+    b2.run_pass()
+    b2.stop()
+    assert set(store.announce("app.members", "w1", "{}", 2.0)) == {"w1"}
