@@ -80,6 +80,7 @@ def plan(members: Mapping[str, Member]) -> dict[str, str]:
     for name, member in members.items():
         for election in member.held:
             holders.setdefault(election, []).append(name)
+
     def scarcity(election: str) -> tuple[int, str]:
         return sum(election in m.eligible for m in members.values()), election
 
