@@ -370,7 +370,7 @@ def _human(payload: dict[str, Any], *, hint: str) -> str:
     return "\n".join(lines)
 
 
-def _draining(ctx: click.Context, nodename: str) -> int:
+def _draining(ctx: click.Context, nodename: str, election: str | None = None) -> int:
     """How many leader tasks *nodename* still waits for while stepping down (0 if unknown)."""
     try:
         inspect = ctx.obj.app.control.inspect(destination=[nodename], timeout=2.0)
@@ -378,6 +378,8 @@ def _draining(ctx: click.Context, nodename: str) -> int:
     except Exception:  # noqa: BLE001 - only a hint for the message
         return 0
     view = replies.get(nodename) or {}
+    if election:
+        view = (view.get("elections") or {}).get(election) or {}
     return int(view.get("draining") or 0) if view.get("stepping_down") else 0
 
 
@@ -538,7 +540,7 @@ def step_down(ctx: click.Context, timeout: float, beat: bool, election: str | No
                 "it sends)"
             )
             ctx.exit(EXIT_NO_LEADER)
-        draining = _draining(ctx, record.nodename)
+        draining = _draining(ctx, record.nodename, election)
         if draining:
             ctx.obj.echo(
                 f"{record.nodename} stopped taking leader work but keeps the lease: "

@@ -280,6 +280,10 @@ class LeaseManager:
             return None
         return state.valid_until - now
 
+    def sitting_out(self) -> bool:
+        """True while a step-down's sit-out lasts: this manager does not try to acquire."""
+        return self._clock() < self._sit_out_until
+
     def hold_off_left(self) -> float | None:
         """Seconds until a lease held in its hold-off may lead; None when not holding off."""
         state = self.state()

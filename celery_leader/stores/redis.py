@@ -331,9 +331,11 @@ class RedisLeaseStore:
       redis.call('HDEL', KEYS[2], member)
     end
     redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-    -- The group outlives its last member by one ttl at most.
-    redis.call('PEXPIRE', KEYS[1], ttl * 2)
-    redis.call('PEXPIRE', KEYS[2], ttl * 2)
+    -- The group outlives its last member by one ttl at most (a withdrawal leaves it as is).
+    if ARGV[4] ~= '1' then
+      redis.call('PEXPIRE', KEYS[1], ttl * 2)
+      redis.call('PEXPIRE', KEYS[2], ttl * 2)
+    end
     return redis.call('HGETALL', KEYS[2])
     """
 

@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 #: Passes with the same set of workers before a surplus is handed over.
 STABLE_PASSES = 2
+#: How old (seconds) the view may be when an election is found free and planned for another.
+FRESH_VIEW = 0.1
 
 
 class Balancer:
@@ -68,6 +70,8 @@ class Balancer:
         self._last_hand_over = -float("inf")
         self._waiting_since: dict[str, float] = {}
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._last_pass = -float("inf")
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -83,6 +87,11 @@ class Balancer:
             self._waiting_since.pop(election, None)
             return 0.0
         since = self._waiting_since.setdefault(election, now)
+        if since == now and now - self._last_pass > FRESH_VIEW:
+            # The election is free and the plan names someone else: look again now (that
+            # worker may have just left) instead of at the next interval.
+            self._wake.set()
+            return FRESH_VIEW
         if now - since > 2 * self.ttl:
             self._waiting_since.pop(election, None)
             return 0.0  # the planned worker did not take it: never leave it leaderless
@@ -106,6 +115,7 @@ class Balancer:
         if self._stop.is_set():
             return
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=self.interval + 1)
         try:
@@ -114,20 +124,28 @@ class Balancer:
             logger.debug("celery-leader: could not withdraw from %r", self.group, exc_info=True)
 
     def _run(self) -> None:
-        while True:
+        while not self._stop.is_set():
+            self._wake.clear()
             try:
                 self.run_pass()
             except Exception:
                 logger.exception("celery-leader: balancing pass failed")
-            if self._stop.wait(self.interval):
-                return
+            self._wake.wait(self.interval)
 
     def me_now(self) -> Member:
         """The announcement of this worker now."""
         coordinator = self.coordinator
         elections = list(coordinator.elections.values())
         able = coordinator.is_live() and not coordinator.shutting_down
-        eligible = frozenset(e.name for e in elections) if able else frozenset()
+        # An election this worker gave up (stepping down, or sitting out after it) is not
+        # announced: the plan would hand it straight back and keep the others waiting.
+        eligible = (
+            frozenset(
+                e.name for e in elections if not e.stepping_down and not e.manager.sitting_out()
+            )
+            if able
+            else frozenset()
+        )
         held = frozenset(e.name for e in elections if e.manager.is_leader())
         return Member(self.me, eligible, held & eligible)
 
@@ -145,6 +163,7 @@ class Balancer:
             if (member := Member.parse(name, payload)) is not None
         }
         members[self.me] = me
+        self._last_pass = time.monotonic()
         planned = plan(members)
         live = frozenset(members)
         with self._lock:

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from celery import bootsteps
 
 from celery_leader.elections.run_table import RUN_SLOTS
+from celery_leader.elections.shared_lease import MAX_ELECTIONS
 from celery_leader.exceptions import ConfigurationError
 from celery_leader.settings import LeaderSettings, app_settings
 from celery_leader.startup_error import StartupConfigurationError
@@ -88,6 +89,21 @@ def _check_pool_size(worker: Any, kind: str) -> None:
         )
 
 
+def _check_elections(elections: tuple[str | None, ...], leader_name: str) -> None:
+    """Refuse what one worker cannot take part in: too many elections, or a clash of names."""
+    if len(elections) > MAX_ELECTIONS:
+        raise WorkerConfigurationError(
+            f"celery-leader: this worker would take part in {len(elections)} elections; one "
+            f"worker takes part in at most {MAX_ELECTIONS}: leave some out with "
+            "leader_elections_exclude"
+        )
+    if leader_name in elections:
+        raise WorkerConfigurationError(
+            f"celery-leader: election {leader_name!r} has the name of leader_name, which names "
+            "the default election: give the election another name"
+        )
+
+
 def _serve(settings: LeaderSettings, coordinator: Coordinator) -> None:
     """``/metrics`` and ``/healthz`` of this worker on ``leader_metrics_port``."""
     from celery_leader.observe.endpoint import serve_at_start  # noqa: PLC0415 - only with a port
@@ -99,6 +115,30 @@ def _serve(settings: LeaderSettings, coordinator: Coordinator) -> None:
     )
 
 
+def _keep_unknown_leader_messages(consumer: Any) -> None:
+    """A leader-queue message of a task this worker does not know goes back, never dropped.
+
+    Celery rejects a message of an unregistered task for good (and records
+    it as failed). From a leader queue that would drop leader work because
+    one worker lacks a module; the coordinator requeues it and steps down
+    from that election instead (see :meth:`Coordinator.unknown_leader_task`).
+    """
+    celerys = consumer.on_unknown_task
+
+    def on_unknown_task(body: Any, message: Any, exc: Any) -> Any:
+        coordinator = current_coordinator()
+        queue = (getattr(message, "delivery_info", None) or {}).get("routing_key")
+        if (
+            coordinator is not None
+            and queue
+            and coordinator.unknown_leader_task(consumer.app, message, queue)
+        ):
+            return None
+        return celerys(body, message, exc)
+
+    consumer.on_unknown_task = on_unknown_task
+
+
 class LeaderConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
     """Consumer step: couples leader-queue consumption and liveness to the consumer."""
 
@@ -107,6 +147,7 @@ class LeaderConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def __init__(self, c: Any, **kwargs: Any) -> None:
         self._ticker: Any = None
+        _keep_unknown_leader_messages(c)
         super().__init__(c, **kwargs)
 
     def start(self, c: Any) -> None:
@@ -175,6 +216,7 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
         elections = self.app_settings.choice.elections(
             getattr(t, "leader_election", None) for t in leader_tasks
         )
+        _check_elections(elections, self.app_settings.names.leader)
         try:
             if settings.metrics.enabled:
                 from celery_leader.observe.metrics import enable_metrics  # noqa: PLC0415 - optional extra
@@ -199,6 +241,8 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
                 coordinator.add_election(
                     election, self.app_settings.for_named(election), stores[election]
                 )
+        for queue in coordinator.foreign_leader_queues(worker.app):
+            worker.app.amqp.queues.deselect(queue)  # another election's: never consumed here
         if self.app_settings.choice.balance and len(coordinator.elections) > 1:
             coordinator.balancer = self._balancer(coordinator)
         coordinator.install()  # forks the watchdog: before any thread of ours starts

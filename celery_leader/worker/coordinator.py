@@ -30,6 +30,7 @@ order a batch.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,7 +42,7 @@ from celery_leader.elections.election import Election
 from celery_leader.elections.group import ElectionGroup
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.lease import LeaseManager
-from celery_leader.settings import ElectionNames, LeaderSettings
+from celery_leader.settings import ElectionNames, LeaderSettings, names_for_app
 from celery_leader.stores.base import LeaseStore
 from celery_leader.tasks.runtime import install_shared_lease
 from celery_leader.tasks.runtime import shared_lease as installed_shared_lease
@@ -104,6 +105,7 @@ class Coordinator:
         self.redeliveries = Redeliveries()
         #: Ends prefork runs at their term's deadline (see celery_leader.term_end.watchdog).
         self.watchdog = Watchdog(self.group.shared) if pool_kind in KILLABLE_POOLS else None
+        self._watchdog_lock = threading.Lock()
         #: Spreads the elections over the workers, where the store can (see worker.balancer).
         self.balancer: Balancer | None = None
         #: Every election of this worker by its own name (None: the default one).
@@ -185,9 +187,32 @@ class Coordinator:
         return self.default.should_consume()
 
     def sync_consumption(self) -> None:
-        """Consume each election's leader queue exactly when leading it. Loop thread only."""
+        """Consume each election's leader queue exactly when leading it. Loop thread only.
+
+        The leader queue of an election this worker takes no part in (one
+        declared in ``task_queues``, say) is never consumed: its messages
+        would only be handed back, again and again.
+        """
         for election in list(self.elections.values()):
             election.sync_consumption()
+        consumer = self.consumer
+        if consumer is None or getattr(consumer, "task_consumer", None) is None:
+            return
+        for queue in self.foreign_leader_queues(consumer.app):
+            if consumer.task_consumer.consuming_from(queue):
+                consumer.cancel_task_queue(queue)
+            else:
+                consumer.app.amqp.queues.deselect(queue)
+
+    def foreign_leader_queues(self, app: Any) -> list[str]:
+        """Leader queues *app* would consume that belong to no election of this worker."""
+        ours = {election.queue for election in self.elections.values()}
+        names = names_for_app(app)
+        return [
+            queue
+            for queue in list(app.amqp.queues.consume_from)
+            if queue not in ours and names.election_of_queue(queue)[0]
+        ]
 
     # -- wiring ---------------------------------------------------------------
 
@@ -299,13 +324,16 @@ class Coordinator:
             return True
         if self.shutting_down:
             return True  # the worker is going: runs are stopped by the shutdown itself
-        logger.error("celery-leader: the run watchdog died; starting a new one")
-        try:
-            watchdog.restart()
-        except OSError:
-            logger.exception("celery-leader: cannot start a new run watchdog; not renewing")
-            return False
-        return watchdog.alive()
+        with self._watchdog_lock:  # every election's manager thread asks: restart once
+            if watchdog.alive():
+                return True
+            logger.error("celery-leader: the run watchdog died; starting a new one")
+            try:
+                watchdog.restart()
+            except OSError:
+                logger.exception("celery-leader: cannot start a new run watchdog; not renewing")
+                return False
+            return watchdog.alive()
 
     # -- the gate (loop thread) -----------------------------------------------
 
@@ -367,6 +395,31 @@ class Coordinator:
             return  # reconnecting: the broker delivers the unacknowledged message again
         task_reserved(request)
         consumer.on_task_request(request)
+
+    def unknown_leader_task(self, app: Any, message: Any, queue: str) -> bool:
+        """A message of an unregistered task came from *queue*: requeue it if a leader queue.
+
+        True when it was handled here (requeued, and this worker steps down
+        from that election so that a worker that knows the task may lead);
+        False for any other queue (Celery's own handling applies). Loop thread.
+        """
+        is_leader_queue, _ = names_for_app(app).election_of_queue(queue)
+        if not is_leader_queue:
+            return False
+        name = (getattr(message, "headers", None) or {}).get("task", "?")
+        election = next((e for e in self.elections.values() if e.queue == queue), None)
+        logger.error(
+            "celery-leader: a message of task %r reached leader queue %r, but this worker does "
+            "not know the task: it goes back to the queue and this worker steps down from that "
+            "election; import the task's module in every worker that may lead it, or set "
+            "leader_elections_exclude",
+            name,
+            queue,
+        )
+        message.reject(requeue=True)
+        if election is not None:
+            election.step_down()
+        return True
 
     def on_gate_refused(self) -> None:
         """A leader message reached us without a lease: make sure we stop consuming."""

@@ -194,14 +194,20 @@ class WorkerElection:
     def hand_over(self) -> bool:
         """Give the election to another worker gently (the balancer's move); False if not leading.
 
-        Unlike :meth:`step_down`, runs in progress are not stopped at once:
-        the worker stops taking the election's work, waits up to
-        ``leader_stop_grace`` for its runs to end, and only then ends the
-        term (what still runs is stopped per its policy), releases and sits
+        Unlike :meth:`step_down`, it never cuts a run short to balance: it
+        declines (False) while a run of the term is in progress. Otherwise the
+        worker stops taking the election's work, waits up to
+        ``leader_stop_grace`` for a run admitted meanwhile to end, ends the
+        term (such a late run is stopped per its policy), releases and sits
         out one ttl, so the planned worker acquires. Any thread.
         """
         token = self.manager.current_token()
         if token is None:
+            return False
+        try:
+            if self.term_end.leader_runs(token):
+                return False  # never cut a run short to balance: ask again later
+        except SnapshotError:
             return False
         with self._lock:
             if self.stepping_down:

@@ -15,6 +15,7 @@ import sys
 import time
 
 import pytest
+import redis
 
 from celery_leader.stores import open_store
 from harness.cluster import ROOT
@@ -238,3 +239,22 @@ def test_six_elections_spread_over_three_workers_through_a_kill_and_a_restart(cl
             f"{election}: a run of an older term started after a newer one"
         )
     assert "handing election" in "".join(w.text() for w in workers[1:])
+
+
+@pytest.mark.slow
+def test_a_leader_message_of_a_task_the_worker_does_not_know_is_kept(cluster_for):
+    """Celery drops an unregistered task's message; from a leader queue it goes back instead."""
+    cluster = cluster_for("redis")
+    (worker,) = cluster.start(1, app=APP, env={"LEADER_ELECTIONS": "ghost"})
+    holder(cluster, f"{cluster.name}.ghost")
+    queue = f"{cluster.name}.ghost.leader"
+    cluster.client.send_task("tests.no_such_task", queue=queue)
+    deadline = time.monotonic() + 15
+    while "does not know the task" not in worker.text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "does not know the task" in worker.text()
+    worker.proc.send_signal(signal.SIGTERM)
+    worker.stop()
+    broker = redis.Redis(host="127.0.0.1", port=cluster.data.port, db=0)
+    assert broker.llen(queue) == 1, "the message is still in its leader queue"
+    assert "NotRegistered" not in worker.text()

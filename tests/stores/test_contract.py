@@ -330,4 +330,6 @@ def test_presence_lists_live_members_and_forgets_silent_ones(make_store, lease_t
     assert store.announce(group, "w1", "one", lease_ttl) == {"w1": "one"}, "w2 fell silent"
     store.announce(group, "w3", "three", lease_ttl)
     store.withdraw(group, "w3")
-    assert store.announce(group, "w1", "one", lease_ttl) == {"w1": "one"}
+    assert store.announce(group, "w1", "one", 5.0) == {"w1": "one"}
+    time.sleep(2.2)  # a withdrawal must not shorten the group's life to its own ttl
+    assert store.announce(group, "w4", "four", 5.0) == {"w1": "one", "w4": "four"}

@@ -151,3 +151,15 @@ def test_bad_election_settings_name_the_setting(key: str, value: Any, expected: 
     with pytest.raises(ConfigurationError) as refused:
         load_app_settings({"leader_backend_url": "redis://h", key: value})
     assert expected in str(refused.value)
+
+
+def test_a_worker_refuses_too_many_elections_and_a_name_clash() -> None:
+    from celery_leader.elections.shared_lease import MAX_ELECTIONS
+    from celery_leader.worker.bootsteps import WorkerConfigurationError, _check_elections
+
+    _check_elections((None, "a", "b"), "app")
+    many = (None, *(f"e{i}" for i in range(MAX_ELECTIONS)))
+    with pytest.raises(WorkerConfigurationError, match="at most 64: leave some out"):
+        _check_elections(many, "app")
+    with pytest.raises(WorkerConfigurationError, match="'app' has the name of leader_name"):
+        _check_elections((None, "app"), "app")
