@@ -213,10 +213,10 @@ class Cluster:
     def beat_sends(self) -> list[dict]:
         return sorted((r for r in self.history() if r["kind"] == "beat"), key=lambda r: r["at"])
 
-    def celery(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """Run ``celery -A tests.integration.leaderapp <args>`` against this cluster."""
+    def celery(self, *args: str, app: str = TASKS) -> subprocess.CompletedProcess[str]:
+        """Run ``celery -A <app> <args>`` (default: leaderapp) against this cluster."""
         return subprocess.run(
-            [sys.executable, "-m", "celery", "-A", "tests.integration.leaderapp", *args],
+            [sys.executable, "-m", "celery", "-A", app, *args],
             cwd=ROOT,
             env=self.env,
             capture_output=True,

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import redis
 
 from celery_leader.stores import open_store
-from harness.cluster import ROOT
 
 APP = "tests.integration.electionsapp"
 BILLING = f"{APP}.billing_record"
@@ -30,15 +27,7 @@ def starts(rows, election=None):
 
 
 def celery(cluster, *args):
-    return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", APP, *args],
-        cwd=ROOT,
-        env=cluster.env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    return cluster.celery(*args, app=APP)
 
 
 def holder(cluster, lease, timeout=15.0, after=0):

@@ -5,33 +5,18 @@ Real Celery apps on kombu's in-memory transport, as in test_tasks.py.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery import Celery
 
 from celery_leader import ConfigurationError, LeaderTask, leader_only
 from celery_leader.settings import ElectionChoice, load_app_settings
-from celery_leader.tasks import leader_queue_for, resolve_leader_tasks
-from tests.tasks.test_tasks import drain, routed_queue
+from celery_leader.tasks import leader_queue_for
+from tests.tasks.test_tasks import _settle_leader_tasks, drain, new_app, routed_queue
+
+__all__ = ["_settle_leader_tasks"]  # the autouse fixture, shared
 
 pytestmark = pytest.mark.compat
-
-
-@pytest.fixture(autouse=True)
-def _settle_leader_tasks() -> Iterator[None]:
-    yield
-    resolve_leader_tasks()
-
-
-def new_app(**conf: Any) -> Celery:
-    main = f"t{uuid.uuid4().hex[:12]}"
-    app = Celery(main, broker="memory://")
-    app.conf.task_default_queue = f"{main}.default"
-    app.conf.update(conf)
-    return app
 
 
 def test_a_task_of_a_named_election_goes_to_that_elections_queue() -> None:
