@@ -38,6 +38,7 @@ BENCHMARKS = [
     ("Beat failover, side by side with RedBeat and single-beat", "benchmarks.beat", True),
     ("Per-call cost, side by side with celery-once and celery-singleton", "benchmarks.gate", False),
     ("What an idle worker costs", "benchmarks.idle", False),
+    ("Named elections: K elections on N workers", "benchmarks.elections", False),
 ]
 
 

@@ -1,0 +1,169 @@
+"""Named elections on real workers: throughput with K elections on N workers, join time, store load.
+
+* **Throughput**: N workers (prefork, ``-c 2`` each) and K elections (the
+  default one counts), spread by the balancer; 600 tasks that each wait
+  20 ms, spread evenly over the elections, queued once the spread is
+  steady. Rate = tasks / (last run - first run). Goal: at least
+  0.8 x min(K, N) times one leader's rate (N = 1, K = 1).
+* **Join**: 2 workers lead 6 elections 3/3; a third starts; seconds until
+  the workers hold 2/2/2 (graceful handover).
+* **Store load**: one worker leading K elections; store round trips per
+  renew interval (script calls, counted by the store's Redis). Goal: at most
+  2 whatever K; each lease is renewed by its own call today, so it grows
+  with K.
+
+Run: ``python -m benchmarks.elections``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+from celery_leader.stores import open_store
+from harness.cluster import Cluster
+
+APP = "benchmarks.electionsapp"
+TASKS = 600
+
+
+def names(k: int) -> list[str]:
+    """The named elections besides the default one, for K elections in all."""
+    return [f"e{i}" for i in range(1, k)]
+
+
+def held_by(cluster: Cluster, k: int) -> dict[str, str | None]:
+    store = open_store(cluster.env["LEADER_STORE"], timeout=2)
+    try:
+        found = {}
+        for election in ["", *names(k)]:
+            record = store.read(f"{cluster.name}.{election}" if election else cluster.name)
+            found[election] = (
+                record.nodename if record is not None and record.hold_off <= 0 else None
+            )
+        return found
+    finally:
+        store.close()
+
+
+def wait_spread(cluster: Cluster, k: int, n: int, timeout: float = 60) -> float:
+    """Seconds until all K elections are held, floor(K/N) or ceil(K/N) per worker."""
+    started = time.monotonic()
+    low, high = k // n, -(-k // n)
+    while time.monotonic() - started < timeout:
+        held = held_by(cluster, k)
+        live = [w.nodename for w in cluster.workers if w.proc.poll() is None]
+        counts = [sum(1 for h in held.values() if h == node) for node in live]
+        if all(held.values()) and all(low <= c <= high for c in counts):
+            return time.monotonic() - started
+        time.sleep(0.1)
+    raise RuntimeError(f"K={k} on N={n} not spread within {timeout} s: {held_by(cluster, k)}")
+
+
+def env_for(k: int) -> dict[str, str]:
+    return {"BENCH_ELECTIONS": ",".join(names(k)), "BENCH_WAIT": "0.02"}
+
+
+def throughput(tmp: Path, n: int, k: int) -> float:
+    cluster = Cluster(tmp, "redis")
+    try:
+        cluster.start(n, app=APP, env=env_for(k))
+        wait_spread(cluster, k, n)
+        labels = ["default", *names(k)]
+        for i in range(TASKS):
+            cluster.client.send_task(
+                f"bench.wait.{labels[i % k]}", queue=leader_queue(cluster, labels[i % k])
+            )
+        deadline = time.monotonic() + 300
+        while int(cluster.history_client.get("bench-done") or 0) < TASKS:
+            if time.monotonic() > deadline:
+                raise RuntimeError("tasks did not finish")
+            time.sleep(0.05)
+        first = float(cluster.history_client.get("bench-first") or 0)
+        last = float(cluster.history_client.get("bench-last") or 0)
+        return TASKS / (last - first)
+    finally:
+        cluster.close()
+
+
+def leader_queue(cluster: Cluster, label: str) -> str:
+    return f"{cluster.name}.leader" if label == "default" else f"{cluster.name}.{label}.leader"
+
+
+def join_time(tmp: Path) -> float:
+    cluster = Cluster(tmp, "redis")
+    try:
+        cluster.start(2, app=APP, env=env_for(6))
+        wait_spread(cluster, 6, 2)
+        cluster.start(1, app=APP, env=env_for(6))
+        return wait_spread(cluster, 6, 3)
+    finally:
+        cluster.close()
+
+
+def store_load(tmp: Path, k: int, window: float = 10.0) -> float:
+    """Store commands per renew interval of one worker leading K elections."""
+    cluster = Cluster(tmp, "redis")
+    try:
+        cluster.start(1, app=APP, env=env_for(k))
+        wait_spread(cluster, k, 1)
+        time.sleep(1.0)
+        client = redis.Redis(host="127.0.0.1", port=cluster.store.port)
+        before = _calls(client)
+        time.sleep(window)
+        after = _calls(client)
+        ttl = float(cluster.env["LEADER_TTL"])
+        renew_interval = ttl / 3  # the Redis store's default renew fraction
+        return (after - before) / (window / renew_interval)
+    finally:
+        cluster.close()
+
+
+#: Every store operation is one script call: a round trip each (the commands a script
+#: runs inside Redis are counted by Redis too, and are not round trips).
+ROUND_TRIPS = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_evalsha_ro", "cmdstat_eval_ro")
+
+
+def _calls(client: redis.Redis) -> int:
+    """Script calls the store's Redis has served so far: the store's round trips."""
+    stats = client.info("commandstats")
+    return sum(int(v["calls"]) for name, v in stats.items() if name in ROUND_TRIPS)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=1, help="rounds per figure (median)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = Path(scratch)
+        print("| workers N | elections K | tasks/s | x one leader | goal 0.8 x min(K, N) | met |")
+        print("|---|---|---|---|---|---|")
+        base = None
+        for n, k in ((1, 1), (1, 4), (2, 1), (2, 2), (2, 8), (3, 1), (3, 3), (3, 12)):
+            rates = sorted(throughput(tmp, n, k) for _ in range(args.rounds))
+            rate = rates[len(rates) // 2]
+            base = base or rate
+            goal = 0.8 * min(k, n)
+            print(
+                f"| {n} | {k} | {rate:.0f} | {rate / base:.2f} | {goal:.1f} | "
+                f"{'yes' if rate / base >= goal else 'no'} |",
+                flush=True,
+            )
+        joins = sorted(join_time(tmp) for _ in range(max(1, args.rounds)))
+        print(
+            f"\na third worker joining 2 workers that lead 6 elections 3/3 holds its 2 after "
+            f"{joins[len(joins) // 2]:.1f} s (graceful handovers; ttl 2 s)\n"
+        )
+        print("| elections K led by one worker | store round trips per renew interval | goal |")
+        print("|---|---|---|")
+        for k in (1, 10, 60):
+            load = store_load(tmp, k)
+            print(f"| {k} | {load:.1f} | <= 2: {'met' if load <= 2 else 'MISSED'} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
