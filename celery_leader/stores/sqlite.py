@@ -116,6 +116,14 @@ CREATE TABLE IF NOT EXISTS celery_leader_token (
     name TEXT PRIMARY KEY,
     last_token INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS celery_leader_member (
+    grp TEXT NOT NULL,
+    member TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    boot_id TEXT NOT NULL,
+    expires_at_us INTEGER NOT NULL,
+    PRIMARY KEY (grp, member)
+);
 """
 
 #: Columns of ``celery_leader_token`` beyond the counter, added to files made
@@ -425,6 +433,32 @@ class SQLiteLeaseStore:
                 return False
             conn.execute("UPDATE celery_leader_token SET lease_end_us = 0 WHERE name = ?", (name,))
             return True
+
+    def announce(self, group: str, member: str, payload: str, ttl: float) -> dict[str, str]:
+        """See :class:`~celery_leader.stores.base.Presence`: on the lease clock, one transaction."""
+        with self._transaction("presence") as conn:
+            now_us = host_clock_us()
+            conn.execute(
+                "INSERT OR REPLACE INTO celery_leader_member VALUES (?, ?, ?, ?, ?)",
+                (group, member, payload, self._boot_id, now_us + int(ttl * 1e6)),
+            )
+            # A member of another boot counted on another clock: gone with that boot.
+            conn.execute(
+                "DELETE FROM celery_leader_member WHERE grp = ? AND (expires_at_us <= ?"
+                " OR boot_id != ?)",
+                (group, now_us, self._boot_id),
+            )
+            rows = conn.execute(
+                "SELECT member, payload FROM celery_leader_member WHERE grp = ?", (group,)
+            ).fetchall()
+        return {str(m): str(p) for m, p in rows}
+
+    def withdraw(self, group: str, member: str) -> None:
+        """See :class:`~celery_leader.stores.base.Presence`."""
+        with self._transaction("presence") as conn:
+            conn.execute(
+                "DELETE FROM celery_leader_member WHERE grp = ? AND member = ?", (group, member)
+            )
 
     def read(self, name: str) -> LeaseRecord | None:
         """The live lease of *name*, or None. A plain read: it takes no write lock."""
