@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import random
 import threading
 import time
@@ -209,8 +210,13 @@ class LeaseManager:
         thread_factory: Callable[..., threading.Thread] = threading.Thread,
         call: StoreCall | None = None,
         acquire_delay: Callable[[], float] | None = None,
+        renew_grid: float | None = None,
     ) -> None:
         self.store = store
+        #: With a grid (seconds), renewals land on its multiples of the lease clock, never
+        #: later than without it: the leases of one worker renew together, so a store
+        #: that batches renews them in one call (see celery_leader.stores.batch).
+        self._renew_grid = renew_grid
         #: Asked before each attempt to acquire: seconds to wait first (0: try now).
         #: Named elections' balancer uses it; it only ever delays an attempt.
         self._acquire_delay = acquire_delay
@@ -421,6 +427,18 @@ class LeaseManager:
             return self._try_acquire()
         return self._keep()
 
+    def _next_renew(self, t_sent: float) -> float:
+        """When to renew a lease last confirmed by a call sent at *t_sent*.
+
+        One renew interval later, or with a renew grid the last multiple of
+        the grid before that: never later, so every timing guarantee holds.
+        """
+        due = t_sent + self.timing.renew_interval
+        grid = self._renew_grid
+        if not grid:
+            return due
+        return max(t_sent, math.floor(due / grid) * grid)
+
     def _wait_before_competing(self) -> float:
         """Seconds to wait before an attempt to acquire; 0 to try now.
 
@@ -486,7 +504,7 @@ class LeaseManager:
         held = _Held(
             token=result.token,
             valid_until=self.timing.valid_until(t_sent),
-            next_renew_at=t_sent + self.timing.renew_interval,
+            next_renew_at=self._next_renew(t_sent),
             hold_until=t_recv + result.hold_off,
             after=self._predecessor(),
         )
@@ -579,7 +597,7 @@ class LeaseManager:
             return False
         self._observe(ObservationKind.HOLDER_SEEN)
         held.valid_until = self.timing.valid_until(t_sent)
-        held.next_renew_at = t_sent + self.timing.renew_interval
+        held.next_renew_at = self._next_renew(t_sent)
         if held.elected_at is not None:
             with self._lock:
                 self._state = LeaseState(Role.LEADER, held.token, held.valid_until)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from celery_leader.stores.base import (
     AcquireResult,
+    BatchRenew,
     Capability,
     Holder,
     LeaseRecord,
@@ -25,6 +26,7 @@ from celery_leader.stores.base import (
     LeaseStoreClass,
     MissingExtraError,
     NullWatch,
+    Presence,
     TokenHistory,
     Watch,
 )
@@ -32,6 +34,7 @@ from celery_leader.stores.registry import available_schemes, open_store
 
 __all__ = [
     "AcquireResult",
+    "BatchRenew",
     "Capability",
     "Holder",
     "LeaseRecord",
@@ -39,6 +42,7 @@ __all__ = [
     "LeaseStoreClass",
     "MissingExtraError",
     "NullWatch",
+    "Presence",
     "TokenHistory",
     "Watch",
     "available_schemes",

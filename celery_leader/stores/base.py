@@ -133,6 +133,19 @@ class Presence(Protocol):
 
 
 @runtime_checkable
+class BatchRenew(Protocol):
+    """An optional call a store may offer: renew many leases in one round trip."""
+
+    def renew_many(self, leases: list[tuple[str, str]], ttl: float) -> list[bool]:
+        """:meth:`LeaseStore.renew` of each ``(name, lease_id)`` in *leases*, in one call.
+
+        Each answer is what ``renew`` would have answered for that lease; a
+        failure of the call raises :class:`~celery_leader.exceptions.StoreError`
+        for all of them.
+        """
+
+
+@runtime_checkable
 class TokenHistory(Protocol):
     """An optional read a store may offer beside :class:`LeaseStore`: whether a term ever began.
 

@@ -177,6 +177,10 @@ class MemoryLeaseStore:
             self._space.state.setdefault(name, {})[key] = value
             return True
 
+    def renew_many(self, leases: list[tuple[str, str]], ttl: float) -> list[bool]:
+        """See :class:`~celery_leader.stores.base.BatchRenew`."""
+        return [self.renew(name, lease_id, ttl) for name, lease_id in leases]
+
     def announce(self, group: str, member: str, payload: str, ttl: float) -> dict[str, str]:
         """See :class:`~celery_leader.stores.base.Presence`."""
         with self._space.lock:

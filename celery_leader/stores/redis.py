@@ -277,6 +277,29 @@ class RedisLeaseStore:
     """
     )
 
+    # KEYS: lease key and meta hash of each lease, in pairs. ARGV[1] ttl in ms, then the
+    # lease id of each lease. RENEW_LUA for each pair; returns a list of 1 / 0.
+    RENEW_MANY_LUA = """
+    local ttl = tonumber(ARGV[1])
+    local now = redis.call('TIME')
+    local end_us = tonumber(now[1]) * 1000000 + tonumber(now[2]) + ttl * 1000
+    local answers = {}
+    for i = 1, #KEYS / 2 do
+      local answer = 0
+      local current = redis.call('GET', KEYS[2 * i - 1])
+      if current then
+        local ok, rec = pcall(cjson.decode, current)
+        if ok and type(rec) == 'table' and rec['lease_id'] == ARGV[i + 1] then
+          redis.call('PEXPIRE', KEYS[2 * i - 1], ttl)
+          redis.call('HSET', KEYS[2 * i], 'lease_end_us', string.format('%d', end_us))
+          answer = 1
+        end
+      end
+      answers[i] = answer
+    end
+    return answers
+    """
+
     # KEYS[1] lease key, KEYS[2] meta hash. ARGV[1] lease id, ARGV[2] release channel.
     # Returns 1 when the lease was ours and is now deleted (and announced), else 0.
     RELEASE_LUA = (
@@ -348,6 +371,7 @@ class RedisLeaseStore:
         self._read = client.register_script(self.READ_LUA)
         self._set_state = client.register_script(self.SET_STATE_LUA)
         self._announce = client.register_script(self.ANNOUNCE_LUA)
+        self._renew_many = client.register_script(self.RENEW_MANY_LUA)
         self._eviction_checked = False
         self._info_warned = False
 
@@ -459,6 +483,14 @@ class RedisLeaseStore:
                 keys=[lease_key(name), meta_key(name)], args=[lease_id, int(ttl * 1000)]
             )
         return int(reply) == 1
+
+    def renew_many(self, leases: list[tuple[str, str]], ttl: float) -> list[bool]:
+        """See :class:`~celery_leader.stores.base.BatchRenew`: one script for every lease."""
+        keys = [key for name, _ in leases for key in (lease_key(name), meta_key(name))]
+        args: list[str | int] = [int(ttl * 1000), *(lease_id for _, lease_id in leases)]
+        with self._translated("renew"):
+            replies = self._renew_many(keys=keys, args=args)
+        return [int(reply) == 1 for reply in replies]
 
     def release(self, name: str, lease_id: str) -> bool:
         """Compare-and-set DEL of our own lease, announced on the release channel."""

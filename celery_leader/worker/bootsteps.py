@@ -35,7 +35,8 @@ from celery_leader.settings import LeaderSettings, app_settings
 from celery_leader.startup_error import StartupConfigurationError
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Presence
-from celery_leader.stores.registry import TEST_ONLY_SCHEMES, shared_store_urls
+from celery_leader.stores.batch import RenewBatch
+from celery_leader.stores.registry import TEST_ONLY_SCHEMES, shared_store_urls, store_class
 from celery_leader.tasks import ensure_router, resolve_leader_tasks
 from celery_leader.term_end import KILLABLE_POOLS
 from celery_leader.worker import control as _control  # noqa: F401 - registers the commands
@@ -206,6 +207,7 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
             app.amqp.queues.deselect(self.app_settings.names.queue_of(election))
         self.coordinator: Coordinator | None = None
         self._finished = False
+        self._batch_store: Any = None
         super().__init__(worker, **kwargs)
 
     def create(self, worker: Any) -> LeaderElection:
@@ -222,18 +224,23 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
                 from celery_leader.observe.metrics import enable_metrics  # noqa: PLC0415 - optional extra
             # One store client per election: each lease manager renews on its own thread.
             stores = {election: self._open_store() for election in elections}
+            batch = self._renew_batch(len(elections))
         except ConfigurationError as exc:
             raise WorkerConfigurationError(f"celery-leader: {exc}") from None
         warn_about_visibility(worker.app, leader_tasks)
         kind = pool_kind(worker)
         _check_pool_size(worker, kind)
         names = self.app_settings.names
+        if batch is not None:
+            # Renewals of every election go out together, one store call per renew interval.
+            stores = {election: batch.view(store) for election, store in stores.items()}
         coordinator = Coordinator(
             settings,
             stores[None],
             nodename=worker.hostname,
             pool_kind=kind,
             lease_of=names.lease_of,
+            renew_grid=settings.timing.renew_interval if batch is not None else None,
         )
         for election in elections:
             if election is not None:
@@ -267,6 +274,13 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
                 ", ".join(f"{e.short_name!r} (queue {e.queue!r})" for e in named),
             )
         return self
+
+    def _renew_batch(self, elections: int) -> RenewBatch | None:
+        """One client renewing every lease of this worker at once, where the store can."""
+        if elections <= 1 or not hasattr(store_class(self.settings.backend_url), "renew_many"):
+            return None
+        self._batch_store = self._open_store()
+        return RenewBatch(self._batch_store)
 
     def _balancer(self, coordinator: Coordinator) -> Balancer | None:
         """A balancer on a store client of its own, where the store keeps members (Presence)."""
@@ -332,3 +346,6 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
             self.coordinator.finish_shutdown()
         except Exception:
             logger.exception("celery-leader: error while releasing the lease")
+        finally:
+            if self._batch_store is not None:
+                self._batch_store.close()

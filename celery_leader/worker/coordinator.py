@@ -87,8 +87,11 @@ class Coordinator:
         pool_kind: str,
         group: ElectionGroup | None = None,
         lease_of: Callable[[str | None], str] | None = None,
+        renew_grid: float | None = None,
     ) -> None:
         self.nodename = nodename
+        #: Renewals of every election land on multiples of this (seconds), to be batched.
+        self.renew_grid = renew_grid
         self.pool_kind = pool_kind
         self._policies: dict[type, OnLoss] = {}
         #: The elections of this process; a new group unless one is given.

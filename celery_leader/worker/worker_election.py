@@ -66,6 +66,7 @@ class WorkerElection:
             on_elected=self._on_elected,
             on_ended=self._on_ended,
             acquire_delay=lambda: coordinator.acquire_delay(settings.name),
+            renew_grid=coordinator.renew_grid,
         )
         self.manager = self.election.manager
         #: This election's shared-memory slot (its group holds the run table).

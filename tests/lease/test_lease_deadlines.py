@@ -285,3 +285,22 @@ def test_a_release_of_an_earlier_term_that_lands_late_leaves_the_next_term_alone
     assert store.holder == manager.holder.lease_id
     drive(manager, clock, clock.now + 2.0)
     assert manager.is_leader()
+
+
+def test_a_renew_grid_puts_renewals_on_its_multiples_never_later():
+    """With renew_grid, renewals land on the grid (so one worker's leases renew together)."""
+    clock, events = Clock(), []
+    clock.now = 100.3
+    store = ModelStore(clock)
+    renewed_at: list[float] = []
+    real_renew = store.renew
+
+    def renew(name, lease_id, ttl):
+        renewed_at.append(round(clock.now, 6))
+        return real_renew(name, lease_id, ttl)
+
+    store.renew = renew  # type: ignore[method-assign]
+    manager = make(clock, store, events, renew_grid=1.0)
+    drive(manager, clock, 104.5)
+    assert renewed_at == [101.0, 102.0, 103.0, 104.0], "on the grid, <= one interval apart"
+    assert manager.is_leader()

@@ -333,3 +333,22 @@ def test_presence_lists_live_members_and_forgets_silent_ones(make_store, lease_t
     assert store.announce(group, "w1", "one", 5.0) == {"w1": "one"}
     time.sleep(2.2)  # a withdrawal must not shorten the group's life to its own ttl
     assert store.announce(group, "w4", "four", 5.0) == {"w1": "one", "w4": "four"}
+
+
+def test_renew_many_answers_each_lease_as_renew_would(make_store, lease_ttl):
+    """A store that batches renewals (BatchRenew): one call, each lease judged on its own."""
+    from celery_leader.stores.base import BatchRenew
+
+    store = make_store()
+    if not isinstance(store, BatchRenew):
+        pytest.skip(f"the {type(store).__name__} renews one lease per call (no batching)")
+    mine, theirs = holder("mine"), holder("theirs")
+    base = f"batch-{time.monotonic_ns()}"
+    assert store.acquire(f"{base}-a", mine, lease_ttl).acquired
+    assert store.acquire(f"{base}-b", theirs, lease_ttl).acquired
+    answers = store.renew_many(
+        [(f"{base}-a", mine.lease_id), (f"{base}-b", mine.lease_id), (f"{base}-c", "x")], lease_ttl
+    )
+    assert answers == [True, False, False]
+    record = store.read(f"{base}-a")
+    assert record is not None and record.expires_in > lease_ttl * 0.8
