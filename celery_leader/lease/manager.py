@@ -216,6 +216,11 @@ class LeaseManager:
         #: With a grid (seconds), renewals land on its multiples of the lease clock, never
         #: later than without it: the leases of one worker renew together, so a store
         #: that batches renews them in one call (see celery_leader.stores.batch).
+        if renew_grid is not None and not 0 < renew_grid <= timing.renew_interval:
+            raise ValueError(
+                f"renew_grid={renew_grid!r} must be > 0 and at most the renew interval "
+                f"({timing.renew_interval:g} s)"
+            )
         self._renew_grid = renew_grid
         #: Asked before each attempt to acquire: seconds to wait first (0: try now).
         #: Named elections' balancer uses it; it only ever delays an attempt.
@@ -437,7 +442,8 @@ class LeaseManager:
         grid = self._renew_grid
         if not grid:
             return due
-        return max(t_sent, math.floor(due / grid) * grid)
+        on_grid = math.floor(due / grid) * grid
+        return on_grid if on_grid > t_sent else due
 
     def _wait_before_competing(self) -> float:
         """Seconds to wait before an attempt to acquire; 0 to try now.

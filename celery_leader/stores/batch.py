@@ -21,10 +21,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from celery_leader.exceptions import StoreError
 from celery_leader.stores.base import BatchRenew, LeaseStore
 
 #: How long the first renewal of a batch waits for others (seconds).
 DEFAULT_WINDOW = 0.02
+#: A backstop: a renewal left without an answer this long fails (the lease manager's own
+#: deadline on the call is far shorter; this only keeps a thread from waiting forever).
+GIVE_UP_AFTER = 60.0
 
 
 @dataclass
@@ -53,11 +57,17 @@ class RenewBatch:
             self._pending.append(renewal)
             sends = len(self._pending) == 1  # the first one sends the batch
         if sends:
-            time.sleep(self.window)
-            with self._lock:
-                batch, self._pending = self._pending, []
-            self._send(batch)
-        renewal.done.wait()
+            batch: list[_Renewal] = []
+            try:
+                time.sleep(max(0.0, self.window))
+            finally:
+                # Whatever happens to this thread, the batch is taken and answered:
+                # a batch left pending would stop every later renewal.
+                with self._lock:
+                    batch, self._pending = self._pending, []
+                self._send(batch)
+        if not renewal.done.wait(GIVE_UP_AFTER):
+            raise StoreError(f"renew {name}: no answer from the batch in {GIVE_UP_AFTER:g} s")
         if renewal.error is not None:
             raise renewal.error
         return renewal.answer
@@ -69,12 +79,15 @@ class RenewBatch:
         for ttl, group in by_ttl.items():
             try:
                 answers = self.store.renew_many([(r.name, r.lease_id) for r in group], ttl)
+                if len(answers) != len(group):
+                    raise StoreError(  # noqa: TRY301 - one path for every failure of the call
+                        f"renew: {len(answers)} answers for {len(group)} leases"
+                    )
+                for renewal, answer in zip(group, answers, strict=True):
+                    renewal.answer = bool(answer)
             except BaseException as exc:  # noqa: BLE001 - handed to every caller, raised there
                 for renewal in group:
                     renewal.error = exc
-            else:
-                for renewal, answer in zip(group, answers, strict=True):
-                    renewal.answer = answer
             finally:
                 for renewal in group:
                     renewal.done.set()
@@ -85,7 +98,13 @@ class RenewBatch:
 
 
 class _Batched:
-    """One election's store, renewing through a :class:`RenewBatch`."""
+    """One election's store, renewing through a :class:`RenewBatch`.
+
+    Every other call goes to the store by ``__getattr__``; check optional
+    protocols (``Presence``, ``TokenHistory``) on the store, not on a view:
+    from Python 3.12 ``isinstance`` against a runtime protocol does not see
+    attributes that ``__getattr__`` provides.
+    """
 
     def __init__(self, store: LeaseStore, batch: RenewBatch) -> None:
         self._store = store

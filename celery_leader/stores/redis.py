@@ -284,15 +284,16 @@ class RedisLeaseStore:
     local now = redis.call('TIME')
     local end_us = tonumber(now[1]) * 1000000 + tonumber(now[2]) + ttl * 1000
     local answers = {}
+    -- pcall: a key holding another type answers 0 for its own lease only.
     for i = 1, #KEYS / 2 do
       local answer = 0
-      local current = redis.call('GET', KEYS[2 * i - 1])
-      if current then
+      local current = redis.pcall('GET', KEYS[2 * i - 1])
+      if type(current) == 'string' then
         local ok, rec = pcall(cjson.decode, current)
         if ok and type(rec) == 'table' and rec['lease_id'] == ARGV[i + 1] then
           redis.call('PEXPIRE', KEYS[2 * i - 1], ttl)
-          redis.call('HSET', KEYS[2 * i], 'lease_end_us', string.format('%d', end_us))
-          answer = 1
+          local set = redis.pcall('HSET', KEYS[2 * i], 'lease_end_us', string.format('%d', end_us))
+          if type(set) == 'number' then answer = 1 end
         end
       end
       answers[i] = answer
@@ -372,6 +373,8 @@ class RedisLeaseStore:
         self._set_state = client.register_script(self.SET_STATE_LUA)
         self._announce = client.register_script(self.ANNOUNCE_LUA)
         self._renew_many = client.register_script(self.RENEW_MANY_LUA)
+        #: False once the server refused a script across hash slots (cluster mode).
+        self._batches = True
         self._eviction_checked = False
         self._info_warned = False
 
@@ -485,11 +488,24 @@ class RedisLeaseStore:
         return int(reply) == 1
 
     def renew_many(self, leases: list[tuple[str, str]], ttl: float) -> list[bool]:
-        """See :class:`~celery_leader.stores.base.BatchRenew`: one script for every lease."""
+        """See :class:`~celery_leader.stores.base.BatchRenew`: one script for every lease.
+
+        Each election's keys share one hash slot, but two elections' do not: a
+        cluster-mode server refuses a script across slots (CROSSSLOT). Then, and
+        from then on, each lease is renewed with its own call.
+        """
+        if not self._batches or len(leases) == 1:
+            return [self.renew(name, lease_id, ttl) for name, lease_id in leases]
         keys = [key for name, _ in leases for key in (lease_key(name), meta_key(name))]
         args: list[str | int] = [int(ttl * 1000), *(lease_id for _, lease_id in leases)]
-        with self._translated("renew"):
-            replies = self._renew_many(keys=keys, args=args)
+        try:
+            with self._translated("renew"):
+                replies = self._renew_many(keys=keys, args=args)
+        except StoreError as exc:
+            if "CROSSSLOT" not in str(exc):
+                raise
+            self._batches = False
+            return [self.renew(name, lease_id, ttl) for name, lease_id in leases]
         return [int(reply) == 1 for reply in replies]
 
     def release(self, name: str, lease_id: str) -> bool:

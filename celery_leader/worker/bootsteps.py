@@ -339,11 +339,12 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
         self._finish()
 
     def _finish(self) -> None:
-        if self._finished or self.coordinator is None:
+        if self._finished:
             return
         self._finished = True
         try:
-            self.coordinator.finish_shutdown()
+            if self.coordinator is not None:
+                self.coordinator.finish_shutdown()
         except Exception:
             logger.exception("celery-leader: error while releasing the lease")
         finally:
