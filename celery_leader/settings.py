@@ -510,7 +510,6 @@ class AppSettings:
     beat_metrics: MetricsSettings
     """Beat's own port (``leader_beat_metrics_port``): it may share a host with a worker."""
     beat: BeatSettings
-    task_patterns: tuple[str, ...]
     names: ElectionNames
     elections: Mapping[str, ElectionSettings]
     beat_unled: bool = False
@@ -519,6 +518,11 @@ class AppSettings:
     """Which named elections a worker competes in (``leader_elections``, ...)."""
     task_routes: tuple[tuple[str, str | None], ...] = ()
     """``leader_tasks`` as (pattern, election) pairs."""
+
+    @property
+    def task_patterns(self) -> tuple[str, ...]:
+        """``leader_tasks``: the patterns, whatever their election."""
+        return tuple(pattern for pattern, _ in self.task_routes)
 
     @property
     def masked_backend_url(self) -> str:
@@ -623,7 +627,6 @@ def load_app_settings(conf: Mapping[str, Any], main: str | None = None) -> AppSe
         metrics=metrics_settings(conf),
         beat_metrics=metrics_settings(conf, "leader_beat_metrics_port"),
         beat=beat_settings(conf),
-        task_patterns=leader_task_patterns(conf),
         names=names,
         elections={
             names.leader: ElectionSettings(names.leader, names.queue, timing),

@@ -111,7 +111,7 @@ class Balancer:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop announcing and leave the group (others plan without this worker at once)."""
+        """Stop announcing, leave the group (others plan without this worker at once), close."""
         if self._stop.is_set():
             return
         self._stop.set()
@@ -122,6 +122,10 @@ class Balancer:
             self.store.withdraw(self.group, self.me)
         except StoreError:
             logger.debug("celery-leader: could not withdraw from %r", self.group, exc_info=True)
+        finally:
+            close = getattr(self.store, "close", None)  # the balancer's own client
+            if close is not None:
+                close()
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -203,8 +203,6 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
         # Workers consume every queue in task_queues by default: followers
         # must not eat leader messages, so the queue is only added on election.
         app.amqp.queues.deselect(self.settings.queue)
-        for election in self.app_settings.choice.extra:
-            app.amqp.queues.deselect(self.app_settings.names.queue_of(election))
         self.coordinator: Coordinator | None = None
         self._finished = False
         self._batch_store: Any = None

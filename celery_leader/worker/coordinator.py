@@ -38,7 +38,6 @@ from typing import Any
 from celery.worker import state as worker_state
 from celery.worker.state import task_ready, task_reserved
 
-from celery_leader.elections.election import Election
 from celery_leader.elections.group import ElectionGroup
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.lease import LeaseManager
@@ -47,7 +46,7 @@ from celery_leader.stores.base import LeaseStore
 from celery_leader.tasks.runtime import install_shared_lease
 from celery_leader.tasks.runtime import shared_lease as installed_shared_lease
 from celery_leader.term_end import KILLABLE_POOLS, OnLoss, effective_policy
-from celery_leader.term_end.in_worker import SnapshotError, TermEnd, Waiting, snapshot
+from celery_leader.term_end.in_worker import SnapshotError, Waiting, snapshot
 from celery_leader.term_end.watchdog import Watchdog
 from celery_leader.worker.balancer import Balancer
 from celery_leader.worker.dispatch import SerialDispatcher
@@ -60,7 +59,7 @@ from celery_leader.worker.redelivery import (
     release_copies,
 )
 from celery_leader.worker.wakeup import can_wake_blocking_loop, wake_blocking_loop
-from celery_leader.worker.worker_election import WorkerElection
+from celery_leader.worker.worker_election import WorkerElection, stop_consuming
 
 logger = logging.getLogger(__name__)
 
@@ -145,11 +144,6 @@ class Coordinator:
         return self.default.settings
 
     @property
-    def election(self) -> Election:
-        """The default election."""
-        return self.default.election
-
-    @property
     def manager(self) -> LeaseManager:
         """The default election's lease manager."""
         return self.default.manager
@@ -159,35 +153,9 @@ class Coordinator:
         """The default election's shared-memory slot."""
         return self.default.shared
 
-    @property
-    def term_end(self) -> TermEnd:
-        """The default election's term end."""
-        return self.default.term_end
-
-    @property
-    def stepping_down(self) -> bool:
-        """True while the default election steps down."""
-        return self.default.stepping_down
-
-    def admit(self) -> int | None:
-        """The token to run a default-election task under now, or None to hand it back."""
-        return self.default.admit()
-
-    def revoke(self, token: int, *, on_loop: bool = False) -> None:
-        """End the default election's term *token* here for good."""
-        self.default.revoke(token, on_loop=on_loop)
-
-    def leader_runs(self, token: int) -> list[Any]:
-        """Runs of the default election's term *token* (or older) that this process saw start."""
-        return self.default.term_end.leader_runs(token)
-
     def runs_ended(self, token: int, timeout: float) -> bool:
         """True once no run of the default election's term *token* runs here."""
         return self.default.term_end.runs_ended(token, timeout)
-
-    def should_consume(self) -> bool:
-        """True when this worker should consume the default election's leader queue now."""
-        return self.default.should_consume()
 
     def sync_consumption(self) -> None:
         """Consume each election's leader queue exactly when leading it. Loop thread only.
@@ -202,10 +170,7 @@ class Coordinator:
         if consumer is None or getattr(consumer, "task_consumer", None) is None:
             return
         for queue in self.foreign_leader_queues(consumer.app):
-            if consumer.task_consumer.consuming_from(queue):
-                consumer.cancel_task_queue(queue)
-            else:
-                consumer.app.amqp.queues.deselect(queue)
+            stop_consuming(consumer, queue)
 
     def foreign_leader_queues(self, app: Any) -> list[str]:
         """Leader queues *app* would consume that belong to no election of this worker."""
@@ -514,7 +479,6 @@ class Coordinator:
         finally:
             if self.balancer is not None:
                 self.balancer.stop()
-                self.balancer.store.close()  # type: ignore[attr-defined]
             if self._signals is not None:
                 self._signals.close()
             if self.watchdog is not None:

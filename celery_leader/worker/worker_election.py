@@ -39,6 +39,19 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def stop_consuming(consumer: Any, queue: str) -> None:
+    """Stop consuming *queue*, or keep it out of the queues a consumer starts with. Loop thread."""
+    if consumer.task_consumer.consuming_from(queue):
+        consumer.cancel_task_queue(queue)
+    else:
+        consumer.app.amqp.queues.deselect(queue)
+
+
+def _in_background(work: Callable[[int], None], token: int, name: str) -> None:
+    """Run ``work(token)`` on a daemon thread called *name*."""
+    threading.Thread(target=work, args=(token,), name=name, daemon=True).start()
+
+
 class WorkerElection:
     """One election of this worker; see the module docstring."""
 
@@ -119,17 +132,11 @@ class WorkerElection:
         consumer = self.coordinator.consumer
         if consumer is None or getattr(consumer, "task_consumer", None) is None:
             return
-        queue = self.queue
-        consuming = consumer.task_consumer.consuming_from(queue)
-        wanted = self.should_consume()
-        if wanted and not consuming:
-            consumer.add_task_queue(queue)
+        if not self.should_consume():
+            stop_consuming(consumer, self.queue)
+        elif not consumer.task_consumer.consuming_from(self.queue):
+            consumer.add_task_queue(self.queue)
             wake_redis_consumer(consumer)
-        elif not wanted:
-            if consuming:
-                consumer.cancel_task_queue(queue)
-            else:
-                consumer.app.amqp.queues.deselect(queue)
 
     # -- lease events (manager thread) ----------------------------------------
 
@@ -179,17 +186,9 @@ class WorkerElection:
         token = self.manager.current_token()
         if token is None:
             return {"ok": False, "reason": "not leader", "node": node, "election": self.name}
-        with self._lock:
-            if self.stepping_down:
-                return {"ok": True, "token": token, "node": node, "election": self.name}
-            self.stepping_down = True
-        self.revoke(token, on_loop=True)
-        threading.Thread(
-            target=self._finish_step_down,
-            args=(token,),
-            name="celery-leader-step-down",
-            daemon=True,
-        ).start()
+        if self._claim_stepping_down():
+            self.revoke(token, on_loop=True)
+            _in_background(self._finish_step_down, token, "celery-leader-step-down")
         return {"ok": True, "token": token, "node": node, "election": self.name}
 
     def hand_over(self) -> bool:
@@ -210,18 +209,18 @@ class WorkerElection:
                 return False  # never cut a run short to balance: ask again later
         except SnapshotError:
             return False
+        if self._claim_stepping_down():
+            self.coordinator.post(self.sync_consumption)
+            _in_background(self._finish_hand_over, token, "celery-leader-hand-over")
+        return True
+
+    def _claim_stepping_down(self) -> bool:
+        """Mark the election as stepping down; False when a step-down is under way already."""
         with self._lock:
             if self.stepping_down:
-                return True
+                return False
             self.stepping_down = True
-        self.coordinator.post(self.sync_consumption)
-        threading.Thread(
-            target=self._finish_hand_over,
-            args=(token,),
-            name="celery-leader-hand-over",
-            daemon=True,
-        ).start()
-        return True
+            return True
 
     def _finish_hand_over(self, token: int) -> None:
         try:
@@ -248,12 +247,7 @@ class WorkerElection:
         if token is None:
             return
         self.revoke(token)  # the consumer is stopping: only the urgent part still runs
-        threading.Thread(
-            target=self._release_when_stopped,
-            args=(token,),
-            name="celery-leader-shutdown",
-            daemon=True,
-        ).start()
+        _in_background(self._release_when_stopped, token, "celery-leader-shutdown")
 
     def _release_when_stopped(self, token: int) -> None:
         try:

@@ -20,17 +20,17 @@ if os.environ.get("LEADER_ELECTIONS"):
     app.conf.leader_elections = os.environ["LEADER_ELECTIONS"].split(",")
 
 
-@leader_only(election="billing")
-@app.task(bind=True)
-def billing_record(self, i):
-    record("start", self, i=i, election="billing", lost=lease_lost())
-    record("end", self, i=i, election="billing")
-    return i
+def _recorder(election):
+    """A leader-only task of *election* that records its start and end."""
+
+    def run(self, i):
+        record("start", self, i=i, election=election, lost=lease_lost())
+        record("end", self, i=i, election=election)
+        return i
+
+    task = app.task(bind=True, name=f"{__name__}.{election}_record")(run)
+    return leader_only(election=election)(task)
 
 
-@leader_only(election="reports")
-@app.task(bind=True)
-def reports_record(self, i):
-    record("start", self, i=i, election="reports", lost=lease_lost())
-    record("end", self, i=i, election="reports")
-    return i
+billing_record = _recorder("billing")
+reports_record = _recorder("reports")

@@ -65,15 +65,22 @@ def store():
 
 
 def balancer(store, of: Worker, ttl: float = 2.0) -> Balancer:
-    return Balancer(of, store, "app.members", interval=0.5, ttl=ttl)  # type: ignore[arg-type]
+    """A balancer for *of* on a client of its own (a balancer closes its client when stopped)."""
+    own = open_store(store.url, timeout=1)
+    return Balancer(of, own, "app.members", interval=0.5, ttl=ttl)  # type: ignore[arg-type]
 
 
-def test_a_worker_not_planned_waits_and_the_planned_one_does_not(store):
-    one, two = worker("w1"), worker("w2")
-    b1, b2 = balancer(store, one), balancer(store, two)
+def planned_pair(store) -> tuple[Balancer, Balancer]:
+    """Two workers that both announced and have seen each other."""
+    b1, b2 = balancer(store, worker("w1")), balancer(store, worker("w2"))
     b1.run_pass()
     b2.run_pass()
     b1.run_pass()
+    return b1, b2
+
+
+def test_a_worker_not_planned_waits_and_the_planned_one_does_not(store):
+    b1, b2 = planned_pair(store)
     for name in NAMES:
         delays = sorted((b1.acquire_delay(name), b2.acquire_delay(name)))
         assert delays[0] == 0.0 and delays[1] > 0, (name, delays)
@@ -89,11 +96,7 @@ def test_an_election_handed_over_is_not_announced_as_eligible(store):
 
 
 def test_a_waiting_worker_tries_anyway_after_two_ttls(store, monkeypatch):
-    one, two = worker("w1"), worker("w2")
-    b1, b2 = balancer(store, one), balancer(store, two)
-    b1.run_pass()
-    b2.run_pass()
-    b1.run_pass()
+    b1, _ = planned_pair(store)
     now = [1000.0]
     monkeypatch.setattr(balancer_module.time, "monotonic", lambda: now[0])
     waiting = next(name for name in NAMES if b1.acquire_delay(name) > 0)
@@ -118,9 +121,6 @@ def test_the_most_loaded_worker_hands_one_over_once_the_view_is_stable(store):
 
 
 def test_a_stopped_balancer_leaves_the_group(store):
-    one, two = worker("w1"), worker("w2")
-    b1, b2 = balancer(store, one), balancer(store, two)
-    b1.run_pass()
-    b2.run_pass()
+    _, b2 = planned_pair(store)
     b2.stop()
     assert set(store.announce("app.members", "w1", "{}", 2.0)) == {"w1"}
