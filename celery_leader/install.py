@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from celery_leader.settings import leader_task_patterns
+from celery_leader.settings import leader_task_routes
 from celery_leader.tasks import ensure_router
 from celery_leader.worker.bootsteps import LeaderElection
 
@@ -22,7 +22,11 @@ def install(app: Any, *, tasks: Iterable[str] = ()) -> Any:
     app.steps["worker"].add(LeaderElection)
     names = list(tasks)
     if names:
-        existing = list(leader_task_patterns(app.conf))
-        app.conf.leader_tasks = existing + [n for n in names if n not in existing]
+        routes = dict(leader_task_routes(app.conf))
+        routes.update((name, None) for name in names if name not in routes)
+        if any(routes.values()):  # kept as a mapping: patterns of named elections stay theirs
+            app.conf.leader_tasks = {pattern: e or "" for pattern, e in routes.items()}
+        else:
+            app.conf.leader_tasks = list(routes)
     ensure_router(app)
     return app

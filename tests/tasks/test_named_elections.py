@@ -148,3 +148,17 @@ def test_a_worker_refuses_too_many_elections_and_a_name_clash() -> None:
         _check_elections(many, "app")
     with pytest.raises(WorkerConfigurationError, match="'app' has the name of leader_name"):
         _check_elections((None, "app"), "app")
+
+
+def test_install_keeps_the_elections_of_leader_tasks() -> None:
+    """install(app, tasks=[...]) adds names without flattening a {pattern: election} mapping."""
+    from celery_leader import install
+
+    app = new_app(leader_tasks={"billing.*": "billing"})
+    install(app, tasks=["jobs.compact", "billing.*"])
+    assert app.conf.leader_tasks == {"billing.*": "billing", "jobs.compact": ""}
+    assert routed_queue(app, "billing.settle") == f"{app.main}.billing.leader"
+    assert routed_queue(app, "jobs.compact") == f"{app.main}.leader"
+    plain = new_app(leader_tasks=["a"])
+    install(plain, tasks=["b", "a"])
+    assert plain.conf.leader_tasks == ["a", "b"], "the list form stays a list"
