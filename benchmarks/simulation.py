@@ -42,25 +42,37 @@ def main() -> None:
     parser.add_argument("--broken-seeds", type=int, default=2_000)
     parser.add_argument("--first", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=None)
+    parser.add_argument(
+        "--election-seeds", type=int, default=10_000, help="seeds with 3 balanced elections"
+    )
     args = parser.parse_args()
-    runs = [("Redis model", None, args.seeds)]
-    runs += [(f"broken: {mode.value}", mode, args.broken_seeds) for mode in Broken]
+    # (title, broken variant, seeds, elections per node)
+    runs = [("Redis model", None, args.seeds, 1)]
+    runs += [("Redis model, 3 elections balanced", None, args.election_seeds, 3)]
+    runs += [
+        (f"broken: {mode.value}", mode, args.broken_seeds, 1)
+        for mode in Broken
+        if mode is not Broken.BALANCER_TAKES_EARLY
+    ]
+    runs += [
+        ("broken: balancer-takes-early (3 el.)", Broken.BALANCER_TAKES_EARLY, args.broken_seeds, 3)
+    ]
     print(f"\ndeterministic simulation, {args.jobs or os.cpu_count()} processes\n")
     header = ("store", "seeds", "violations", "seconds", "seeds/s")
-    print(f"| {header[0]:<34} | " + " | ".join(f"{h:>7}" for h in header[1:]) + " |")
-    print(f"|{'-' * 36}|{'-' * 9}|{'-' * 12}|{'-' * 9}|{'-' * 9}|")
+    print(f"| {header[0]:<36} | " + " | ".join(f"{h:>7}" for h in header[1:]) + " |")
+    print(f"|{'-' * 38}|{'-' * 9}|{'-' * 12}|{'-' * 9}|{'-' * 9}|")
     failing: list[int] = []
     kinds: Counter[str] = Counter()
-    for title, broken, count in runs:
+    for title, broken, count, elections in runs:
         seeds = range(args.first, args.first + count)
-        summary = run_seeds(seeds, broken=broken, jobs=args.jobs)
+        summary = run_seeds(seeds, broken=broken, jobs=args.jobs, elections=elections)
         rate = summary.seeds / summary.seconds
         print(
-            f"| {title:<34} | {summary.seeds:>7} | {summary.violations:>10} | "
+            f"| {title:<36} | {summary.seeds:>7} | {summary.violations:>10} | "
             f"{summary.seconds:>7.1f} | {rate:>7.0f} |"
         )
         if broken is None:
-            failing = [result.seed for result in summary.failures]
+            failing += [result.seed for result in summary.failures]
             kinds.update(kind(result.violation or "") for result in summary.failures)
     if failing:
         listed = " ".join(map(str, failing[:SHOWN])) + (" ..." if len(failing) > SHOWN else "")

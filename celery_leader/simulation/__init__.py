@@ -23,6 +23,9 @@ Modules, one job each:
   SharedLease), its clock, its thread as a chain of steps;
 * :mod:`.pool`: its leader work: runs, the run table, the watchdog, the
   kills;
+* :mod:`.process`: a worker process with several elections (a node each)
+  and the real balancer that spreads them, on the member list of
+  :mod:`.presence`;
 * :mod:`.faults`: what a seed suffers, drawn before its run;
 * :mod:`.checker`: the invariants;
 * :mod:`.world`: one seed, wired; :mod:`.runner`: many seeds on every core;
@@ -37,6 +40,11 @@ watchdog is scheduled, and the pool children of a main process that
 crashed die with it (the kernel's parent-death signal, see :mod:`.pool`).
 Within them, the checker expects no violation at all.
 
+With several elections (``--elections K``) every node takes part in K
+elections and balances them as a worker does; one checker per election
+judges that election's history alone (two holders at once, a token not
+above every earlier one of that election, work outliving its term).
+
 How time is shared: a node's store call runs the rest of the world nested
 inside it until its reply or timeout, so a call may return late when another
 node's call is nested in it (by at most that call's timeout per level): a
@@ -48,8 +56,9 @@ What is not modelled: the BoundedCaller's limit on abandoned calls, the
 consumer and the broker (the gate admits runs directly), the parent's kill
 of the requests it saw start (its run-table half is modelled, see
 :mod:`.pool`), a watchdog that dies (the worker replaces it and does not
-renew without one), policies other than ``terminate``, several elections
-at once, and stores other than Redis. The store's clock steps back only in
+renew without one), policies other than ``terminate``, batched renewals
+and a pool shared by several elections (see :mod:`.process`), and stores
+other than Redis. The store's clock steps back only in
 runs that lose no data (the token rule's assumption).
 """
 

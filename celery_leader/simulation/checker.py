@@ -64,7 +64,11 @@ class Judged(Protocol):
 class Checker(Judge):
     """Records the first violation of the run, with the time it was found."""
 
-    def __init__(self, sched: Scheduler, trace: Trace, nodes: Sequence[Judged]) -> None:
+    def __init__(
+        self, sched: Scheduler, trace: Trace, nodes: Sequence[Judged], *, label: str = ""
+    ) -> None:
+        #: The election judged, named in every violation when there are several.
+        self.label = label
         self._sched = sched
         self._trace = trace
         #: Every node of the run, stopped and crashed ones too (their work may still run).
@@ -80,6 +84,8 @@ class Checker(Judge):
     def fail(self, message: str) -> None:
         """Record *message* as the run's violation and end the run."""
         if self.violation is None:
+            if self.label:
+                message = f"election {self.label}: {message}"
             self.violation = message
             self._trace.add(self._sched.now, "CHECKER", "VIOLATION: %s", message)
         self._sched.halted = True

@@ -38,14 +38,22 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="judge after every event, not only after the events that run node code",
     )
+    parser.add_argument(
+        "--elections",
+        type=int,
+        default=1,
+        help="elections per node, balanced over the nodes and judged one by one (default 1)",
+    )
     # Not part of the contract: a store or kill layer that is wrong on purpose, to see the
     # checker fail.
     parser.add_argument("--broken", choices=[mode.value for mode in Broken], help=argparse.SUPPRESS)
     return parser
 
 
-def _show(result: SeedResult, broken: Broken | None) -> None:
+def _show(result: SeedResult, broken: Broken | None, elections: int) -> None:
     extra = f" --broken {broken.value}" if broken is not None else ""
+    if elections > 1:
+        extra += f" --elections {elections}"
     print(f"seed {result.seed}: VIOLATION: {result.violation}")
     print(f"  plan: {result.plan}")
     for line in result.trace:
@@ -56,6 +64,9 @@ def _show(result: SeedResult, broken: Broken | None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the simulation; return the exit status."""
     args = _parser().parse_args(argv)
+    if args.elections < 1:
+        print(f"--elections={args.elections} is not allowed: it must be 1 or more")
+        return 2
     broken = Broken(args.broken) if args.broken else None
     if args.seed is not None:
         with quiet_loggers():
@@ -65,9 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 trace_limit=args.trace,
                 every_event=args.every_event,
                 full_trace=args.full_trace,
+                elections=args.elections,
             )
         if result.violation is not None:
-            _show(result, broken)
+            _show(result, broken, args.elections)
         else:
             print(f"seed {result.seed}: ok ({result.plan}; {result.terms} terms)")
             for line in result.trace:
@@ -80,9 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         jobs=args.jobs,
         trace_limit=args.trace,
         every_event=args.every_event,
+        elections=args.elections,
     )
     for result in summary.failures[:SHOWN]:
-        _show(result, broken)
+        _show(result, broken, args.elections)
     rest = summary.failures[SHOWN:]
     if rest:
         print(f"{len(rest)} more failing seeds: " + " ".join(str(r.seed) for r in rest))

@@ -80,6 +80,10 @@ class Broken(str, enum.Enum):
     #: mid-write reads torn after every later write of its pool index, and the
     #: kill layers skip it, so the next terminate runs there outlive their term.
     TORN_SLOT_HIDES_RUNS = "torn-slot-hides-runs"
+    #: With several elections: a balancer that moves an election by taking its lease for
+    #: the planned worker at once (:meth:`ModelStore.take_over`), before the old holder
+    #: released it, instead of waiting for the holder's hand-over.
+    BALANCER_TAKES_EARLY = "balancer-takes-early"
 
 
 @dataclass(frozen=True)
@@ -226,6 +230,23 @@ class ModelStore:
         if self.on_grant is not None:
             self.on_grant(token, who, self._real_clock())
         return AcquireResult(acquired=True, token=token, hold_off=hold_off)
+
+    def take_over(self, name: str, holder: Holder, ttl: float) -> AcquireResult:
+        """Grant the lease to *holder* even while another holds it (no hold-off).
+
+        Only :attr:`Broken.BALANCER_TAKES_EARLY` calls it: no store of the
+        package has such an operation.
+        """
+        now = self._clock()
+        data = self.data
+        token = rules.next_token(data.counter, int(now * 1_000_000), 0)
+        lease = Lease(holder.lease_id, holder.nodename, token, now, now + ttl, now)
+        self._set(Data(lease, token, Meta(self.epoch, now + ttl)))
+        who = self.label(holder.lease_id, holder.nodename)
+        self._say("take-over by %s granted: token %d", who, token)
+        if self.on_grant is not None:
+            self.on_grant(token, who, self._real_clock())
+        return AcquireResult(acquired=True, token=token, hold_off=0.0)
 
     def renew(self, name: str, lease_id: str, ttl: float) -> bool:
         """RENEW_LUA: extend our live lease and record its new end."""

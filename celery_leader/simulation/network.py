@@ -248,9 +248,16 @@ class StoreClient:
     capabilities = ModelStore.capabilities
     ttl_range = ModelStore.ttl_range
 
-    def __init__(self, network: Network, node: Owner, watches: list[WatchEntry]) -> None:
+    def __init__(
+        self,
+        network: Network,
+        node: Owner,
+        watches: list[WatchEntry],
+        store: ModelStore | None = None,
+    ) -> None:
         self._network = network
-        self._store = network.store
+        #: The model of this election's lease (one per election; the network's by default).
+        self._store = network.store if store is None else store
         self._node = node
         self._watches = watches
         self.url = self._store.url

@@ -56,7 +56,7 @@ _MIN_LATENCY = 1e-6
 ELECTION = "sim"
 
 
-class _Wake(threading.Event):
+class WakeEvent(threading.Event):
     """The manager's wake event: setting it makes the node's next step due now."""
 
     def __init__(self, on_set: Callable[[], None]) -> None:
@@ -64,6 +64,7 @@ class _Wake(threading.Event):
         self._on_set = on_set
 
     def set(self) -> None:
+        """Make the owner's next step due now (the flag itself stays clear)."""
         self._on_set()
 
 
@@ -109,8 +110,13 @@ class Node:
         new_pid: Callable[[], int],
         release_guard_ok: bool = True,
         torn_slot_hides_runs: bool = False,
+        election: str = ELECTION,
+        client_factory: Callable[[Node, list[WatchEntry]], StoreClient] | None = None,
+        acquire_delay: Callable[[], float] | None = None,
     ) -> None:
         self.name = name
+        #: The election (its lease name) this node competes in.
+        self.election_name = election
         self.slot = slot
         self.rate = rate
         self.offset = offset
@@ -134,8 +140,14 @@ class Node:
         self._crash_pending = False
         self._pause_pending = 0.0
         self.watches: list[WatchEntry] = []
-        self.client = StoreClient(network, self, self.watches)
-        shared = _WatchedLease(ELECTION)
+        self.client = (
+            StoreClient(network, self, self.watches)
+            if client_factory is None
+            else client_factory(self, self.watches)
+        )
+        #: A hand-over was asked of this node (see :meth:`hand_over`).
+        self._handing_over = False
+        shared = _WatchedLease(election)
         self.pool = Pool(
             node=self,
             name=name,
@@ -165,8 +177,9 @@ class Node:
             on_ended=self._on_ended_event,
             clock=self.local_now,
             rand=rng.random,
-            event_factory=lambda: _Wake(self.wake),
+            event_factory=lambda: WakeEvent(self.wake),
             call=self._call,
+            acquire_delay=acquire_delay,
         )
         self.shared = self.election.shared
         self.manager = self.election.manager
@@ -314,6 +327,27 @@ class Node:
         # timeout=0: do not block waiting for the thread (there is none); the
         # request is taken by the next step, which the wake event makes due now.
         self.manager.step_down(timeout=0)
+
+    @property
+    def stepping_down(self) -> bool:
+        """A hand-over was asked and the term has not ended yet."""
+        return self._handing_over and self.alive and self.manager.is_leader()
+
+    def hand_over(self) -> bool:
+        """The balancer's move: step down between runs, as the worker's ``hand_over`` does.
+
+        Declines (False) when this node does not lead, is already handing
+        over, or has leader runs in progress (the worker lets them finish
+        first and hands over at a later pass).
+        """
+        if not self.alive or self.stepping_down or not self.manager.is_leader():
+            return False
+        if self.pool.busy():
+            return False
+        self._handing_over = True
+        self._trace.add(self._sched.now, self.name, "hand-over (balancing)")
+        self.request_step_down()
+        return True
 
     def request_crash(self) -> None:
         """SIGKILL: the manager is gone; the published validity still ends by itself."""

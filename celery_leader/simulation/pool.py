@@ -294,6 +294,10 @@ class Pool:
         if self.open:
             self._by_index[child.index] = self._spawn(child.index)
 
+    def busy(self) -> bool:
+        """True while a child has a run (from its dispatch to its end)."""
+        return any(child.run is not None for child in self._by_index)
+
     def exit(self, why: str) -> None:
         """The worker process is gone (crash, or its exit after a stop): its children end."""
         if not self.open:

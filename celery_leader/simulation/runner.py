@@ -40,13 +40,19 @@ class _Chunk:
     terms: int
 
 
-def _run_chunk(args: tuple[Sequence[int], Broken | None, int, bool]) -> _Chunk:
-    seeds, broken, trace_limit, every_event = args
+def _run_chunk(args: tuple[Sequence[int], Broken | None, int, bool, int]) -> _Chunk:
+    seeds, broken, trace_limit, every_event, elections = args
     failures: list[SeedResult] = []
     events = terms = 0
     with quiet_loggers():
         for seed in seeds:
-            result = simulate(seed, broken=broken, trace_limit=trace_limit, every_event=every_event)
+            result = simulate(
+                seed,
+                broken=broken,
+                trace_limit=trace_limit,
+                every_event=every_event,
+                elections=elections,
+            )
             events += result.events
             terms += result.terms
             if result.violation is not None:
@@ -61,14 +67,16 @@ def run_seeds(
     jobs: int | None = None,
     trace_limit: int = 30,
     every_event: bool = False,
+    elections: int = 1,
 ) -> Summary:
-    """Run *seeds* on *jobs* processes (default: one per core)."""
+    """Run *seeds* on *jobs* processes (default: one per core); see :func:`.world.simulate`."""
     started = time.perf_counter()
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(seeds) or 1))
     # Small chunks keep the processes evenly busy; each chunk is a slice of seeds.
     size = max(1, min(500, len(seeds) // (jobs * 8) or 1))
     chunks = [
-        (seeds[i : i + size], broken, trace_limit, every_event) for i in range(0, len(seeds), size)
+        (seeds[i : i + size], broken, trace_limit, every_event, elections)
+        for i in range(0, len(seeds), size)
     ]
     if jobs == 1:
         done = [_run_chunk(chunk) for chunk in chunks]

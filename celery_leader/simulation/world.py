@@ -23,8 +23,10 @@ from celery_leader.lease.timing import LeaseTiming
 from celery_leader.simulation.checker import Checker
 from celery_leader.simulation.faults import Fault, Kind, Plan, draw
 from celery_leader.simulation.model_store import Broken, ModelStore
-from celery_leader.simulation.network import Network, notify_watchers
-from celery_leader.simulation.node import Node
+from celery_leader.simulation.network import Network, StoreClient, WatchEntry, notify_watchers
+from celery_leader.simulation.node import ELECTION, Node
+from celery_leader.simulation.presence import ModelPresence
+from celery_leader.simulation.process import Process, TakesEarlyClient
 from celery_leader.simulation.scheduler import Halt, Scheduler
 from celery_leader.simulation.trace import Trace
 
@@ -60,18 +62,31 @@ class World:
         broken: Broken | None = None,
         trace_limit: int | None = 30,
         every_event: bool = False,
+        elections: int = 1,
     ) -> None:
+        if elections < 1:
+            raise ValueError(f"elections={elections!r}: at least 1")
         master = _rng(seed)
         self.seed = seed
         self.plan: Plan = draw(_rng(master.getrandbits(64)), TIMING)
         self.sched = Scheduler()
         self.trace = Trace(trace_limit)
-        self.store = ModelStore(
-            lambda: self.sched.now,
-            broken=broken,
-            keep_history=any(fault.kind is Kind.STORE_RESTORE for fault in self.plan.faults),
-            log=self._store_says,
-        )
+        #: The elections every node competes in; with two or more, each process balances.
+        self.elections = [ELECTION] if elections == 1 else [f"e{i}" for i in range(elections)]
+        self.balanced = elections > 1
+        keep_history = any(fault.kind is Kind.STORE_RESTORE for fault in self.plan.faults)
+        #: One model per election's lease: one Redis holds them all, so faults hit all.
+        self.stores = {
+            name: ModelStore(
+                lambda: self.sched.now,
+                broken=broken,
+                keep_history=keep_history,
+                log=self._store_says if not self.balanced else partial(self._lease_says, name),
+            )
+            for name in self.elections
+        }
+        self.store = self.stores[self.elections[0]]
+        self.presence = ModelPresence(lambda: self.sched.now - self.store.behind)
         self.network = Network(
             self.sched,
             self.store,
@@ -84,28 +99,54 @@ class World:
         self._work_rng = _rng(master.getrandbits(64))
         self._pids = 100
         self.all_nodes: list[Node] = []
+        #: Every node of each election, stopped and crashed ones too.
+        self._nodes_of: dict[str, list[Node]] = {name: [] for name in self.elections}
         #: The current incarnation of each slot (None between a stop and a restart).
-        self.slots: list[Node | None] = [None] * len(self.plan.nodes)
+        self.slots: list[Process | None] = [None] * len(self.plan.nodes)
         self._incarnations = [0] * len(self.plan.nodes)
-        self.checker = Checker(self.sched, self.trace, self.all_nodes)
-        self.store.on_grant = self.checker.on_grant
-        self.store.on_release = self._on_release
+        #: One checker per election: each judges its election's history on its own.
+        self.checkers = {
+            name: Checker(
+                self.sched,
+                self.trace,
+                self._nodes_of[name],
+                label=name if self.balanced else "",
+            )
+            for name in self.elections
+        }
+        self.checker = self.checkers[self.elections[0]]
+        for name, store in self.stores.items():
+            store.on_grant = self.checkers[name].on_grant
+            store.on_release = partial(self._on_release, name)
         self.terms = 0
         if every_event:
-            self.sched.after_event = self.checker.check_instant
+            self.sched.after_event = self.check_all
 
     def _store_says(self, message: str, args: tuple[object, ...]) -> None:
         self.trace.add(self.sched.now, "store", message, *args)
 
-    def _on_release(self) -> None:
-        for node in self.slots:
-            if node is not None and node.alive:
-                notify_watchers(self.network, node.watches)
+    def _lease_says(self, election: str, message: str, args: tuple[object, ...]) -> None:
+        self.trace.add(self.sched.now, f"store[{election}]", message, *args)
+
+    def check_all(self) -> None:
+        """Judge every election now."""
+        for checker in self.checkers.values():
+            checker.check_instant()
+
+    def _on_release(self, election: str | None = None) -> None:
+        """A release of *election* (None: a store restart, which every watch notices)."""
+        for process in self.slots:
+            if process is None:
+                continue
+            for node in process.nodes:
+                if node.alive and election in (None, node.election_name):
+                    notify_watchers(self.network, node.watches)
 
     def _on_elected(self, node: Node, event: LeaseEvent) -> None:
         self.terms += 1
         term = event.term
-        self.checker.on_elected(node.name, term.token, term.valid_until, node.local_now())
+        checker = self.checkers[node.election_name]
+        checker.on_elected(node.name, term.token, term.valid_until, node.local_now())
 
     # -- nodes ------------------------------------------------------------------
 
@@ -117,29 +158,62 @@ class World:
         setup = self.plan.nodes[slot]
         incarnation = self._incarnations[slot]
         self._incarnations[slot] += 1
-        name = f"n{slot}" + "'" * incarnation
-        node = Node(
-            name=name,
-            slot=slot,
+        nodename = f"n{slot}" + "'" * incarnation
+        process = Process(
+            nodename=nodename,
             rate=setup.rate,
-            offset=setup.offset,
             sched=self.sched,
             network=self.network,
-            timing=TIMING,
-            rng=_rng(self._node_rng.getrandbits(64)),
             trace=self.trace,
-            after_code=self.checker.check_instant,
-            on_elected=self._on_elected,
-            work=self.plan.work,
-            work_rng=_rng(self._work_rng.getrandbits(64)),
-            judge=self.checker,
-            new_pid=self._new_pid,
-            release_guard_ok=setup.release_guard_ok,
-            torn_slot_hides_runs=self.store.broken is Broken.TORN_SLOT_HIDES_RUNS,
+            presence=self.presence if self.balanced else None,
+            interval=TIMING.renew_interval,
+            ttl=TIMING.ttl,
+            timeout=TIMING.op_timeout,
+            local_now=lambda: setup.offset + setup.rate * self.sched.now,
+            after_pass=self.check_all,
         )
-        self.all_nodes.append(node)
-        self.slots[slot] = node
-        node.start(at)
+        for election in self.elections:
+            checker = self.checkers[election]
+            node = Node(
+                name=nodename if not self.balanced else f"{nodename}:{election}",
+                slot=slot,
+                rate=setup.rate,
+                offset=setup.offset,
+                sched=self.sched,
+                network=self.network,
+                timing=TIMING,
+                rng=_rng(self._node_rng.getrandbits(64)),
+                trace=self.trace,
+                after_code=checker.check_instant,
+                on_elected=self._on_elected,
+                work=self.plan.work,
+                work_rng=_rng(self._work_rng.getrandbits(64)),
+                judge=checker,
+                new_pid=self._new_pid,
+                release_guard_ok=setup.release_guard_ok,
+                torn_slot_hides_runs=self.store.broken is Broken.TORN_SLOT_HIDES_RUNS,
+                election=election,
+                client_factory=partial(self._client, election, process),
+                acquire_delay=process.acquire_delay(election),
+            )
+            process.nodes.append(node)
+            self.all_nodes.append(node)
+            self._nodes_of[election].append(node)
+        self.slots[slot] = process
+        process.start(at)
+
+    def _client(
+        self, election: str, process: Process, node: Node, watches: list[WatchEntry]
+    ) -> StoreClient:
+        """The store client of *node*: its election's lease (the broken balancer's, if so)."""
+        store = self.stores[election]
+        if store.broken is Broken.BALANCER_TAKES_EARLY:
+            return TakesEarlyClient(self.network, node, watches, store, process)
+        return StoreClient(self.network, node, watches, store)
+
+    def _pick(self, fault: Fault) -> str:
+        """The one election a fault of one lease hits (an eviction, a step-down)."""
+        return self.elections[int(fault.at * 1_000_000) % len(self.elections)]
 
     # -- faults -----------------------------------------------------------------
 
@@ -154,12 +228,14 @@ class World:
         elif kind in (Kind.STORE_RESTART, Kind.STORE_RESTORE):
             self._restart_store(fault)
         elif kind is Kind.EVICT:
-            if self.store.evict_lease():
-                say(now, "store", "lease key evicted")
+            election = self._pick(fault)
+            if self.stores[election].evict_lease():
+                say(now, "store", "lease key of %s evicted", election)
         elif kind is Kind.STORE_CLOCK_BACK:
             # Never before the clock's origin: a clock reads time since an epoch long past.
             back = min(fault.age, now - self.store.behind)
-            self.store.step_clock_back(back)
+            for store in self.stores.values():
+                store.step_clock_back(back)
             say(
                 now, "store", "clock steps back %.3f s (now %.3f s behind)", back, self.store.behind
             )
@@ -173,8 +249,10 @@ class World:
 
         def up() -> None:
             self.network.store_down = False
+            self.presence.forget()
             if fault.kind is Kind.STORE_RESTORE:
-                taken = self.store.restore(fault.at - fault.age)  # a save before the crash
+                for store in self.stores.values():
+                    taken = store.restore(fault.at - fault.age)  # a save before the crash
                 say(
                     self.sched.now,
                     "store",
@@ -183,7 +261,8 @@ class World:
                     self.store.epoch,
                 )
             else:
-                self.store.restart_empty()
+                for store in self.stores.values():
+                    store.restart_empty()
                 say(self.sched.now, "store", "up empty, epoch %d", self.store.epoch)
             # Every watch loses its connection and subscribes again: one call each.
             self._on_release()
@@ -191,40 +270,47 @@ class World:
         self.sched.at(now + fault.duration, up)
 
     def _node_fault(self, fault: Fault) -> None:
-        node = self.slots[fault.slot]
-        if node is None or not node.alive:
+        process = self.slots[fault.slot]
+        if process is None or not process.alive:
             return
         now, kind = self.sched.now, fault.kind
         if kind is Kind.NODE_PAUSE:
-            node.pause(fault.duration)
+            process.pause(fault.duration)
             return
         if kind is Kind.UNFIT:
-            node.unfit_until = now + fault.duration
-            self.trace.add(now, node.name, "not live for %.3f s", fault.duration)
+            process.unfit(fault.duration)
+            self.trace.add(now, process.nodename, "not live for %.3f s", fault.duration)
             return
         # The rest act on the node's thread or process: not while it is paused.
-        self.sched.at(now, partial(self._node_action, node, fault), node)
+        self.sched.at(now, partial(self._node_action, process, fault), process.nodes[0])
 
-    def _node_action(self, node: Node, fault: Fault) -> None:
-        if not node.alive:
+    def _node_action(self, process: Process, fault: Fault) -> None:
+        if not process.alive:
             return
         if fault.kind is Kind.STEP_DOWN:
-            node.request_step_down()
+            election = self._pick(fault)
+            for node in process.nodes:
+                if node.election_name == election:
+                    node.request_step_down()
             return
         if fault.kind is Kind.STOP:
-            node.request_stop(release=fault.release)
+            process.stop(release=fault.release)
         else:
-            node.request_crash()
-        self.sched.at(self.sched.now + fault.age, partial(self._restart_node, node))
+            process.crash()
+        self.sched.at(self.sched.now + fault.age, partial(self._restart_node, process))
 
-    def _restart_node(self, old: Node) -> None:
-        if old.alive:  # the stop is still pending (the node was inside a call)
+    def _restart_node(self, old: Process) -> None:
+        if old.alive:  # the stop is still pending (a node was inside a call)
             self.sched.at(self.sched.now + 0.1, partial(self._restart_node, old))
             return
-        if self.slots[old.slot] is old:
-            self._start_node(old.slot, self.sched.now)
+        slot = old.nodes[0].slot
+        if self.slots[slot] is old:
+            self._start_node(slot, self.sched.now)
 
     # -- the run ------------------------------------------------------------------
+
+    def _violation(self) -> str | None:
+        return next((c.violation for c in self.checkers.values() if c.violation), None)
 
     def run(self) -> SeedResult:
         """Run the plan to its end (or to the first violation)."""
@@ -236,17 +322,18 @@ class World:
                 self._schedule(fault)
             self.sched.run_until(self.plan.duration)
         except Halt:
-            if self.checker.violation is None:
+            if self._violation() is None:
                 failure = f"stuck: more than {self.sched.max_events} events"
         except Exception as exc:  # noqa: BLE001 - a crash of the run is a failure of the seed
             failure = f"the run raised {type(exc).__name__}: {exc}"
             self.trace.add(self.sched.now, "sim", "%s", traceback.format_exc().rstrip())
-        violation = self.checker.violation or failure
+        violation = self._violation() or failure
         return SeedResult(
             seed=self.seed,
             violation=violation,
             trace=self.trace.lines() if violation is not None else [],
-            plan=self.plan.describe(),
+            plan=self.plan.describe()
+            + (f", {len(self.elections)} elections balanced" if self.balanced else ""),
             events=self.sched.events,
             terms=self.terms,
         )
@@ -271,13 +358,19 @@ def simulate(
     trace_limit: int | None = 30,
     every_event: bool = False,
     full_trace: bool = False,
+    elections: int = 1,
 ) -> SeedResult:
-    """Run one seed. With *full_trace*, the whole trace is returned even when it passed."""
+    """Run one seed. With *full_trace*, the whole trace is returned even when it passed.
+
+    With *elections* above 1, every node competes in that many elections and
+    balances them (see :mod:`.process`); each election is judged on its own.
+    """
     world = World(
         seed,
         broken=broken,
         trace_limit=None if full_trace else trace_limit,
         every_event=every_event,
+        elections=elections,
     )
     result = world.run()
     if full_trace and result.violation is None:

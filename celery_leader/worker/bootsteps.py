@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 from celery import bootsteps
 
+from celery_leader.elections.balancer import Balancer
 from celery_leader.elections.run_table import RUN_SLOTS
 from celery_leader.elections.shared_lease import MAX_ELECTIONS
 from celery_leader.exceptions import ConfigurationError
@@ -41,7 +42,6 @@ from celery_leader.tasks import ensure_router, resolve_leader_tasks
 from celery_leader.term_end import KILLABLE_POOLS
 from celery_leader.worker import control as _control  # noqa: F401 - registers the commands
 from celery_leader.worker import missing_step as _missing_step  # noqa: F401 - connects the warning
-from celery_leader.worker.balancer import Balancer
 from celery_leader.worker.coordinator import Coordinator, current_coordinator
 from celery_leader.worker.redelivery import warn_about_visibility
 

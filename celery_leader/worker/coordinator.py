@@ -38,6 +38,7 @@ from typing import Any
 from celery.worker import state as worker_state
 from celery.worker.state import task_ready, task_reserved
 
+from celery_leader.elections.balancer import Balancer
 from celery_leader.elections.group import ElectionGroup
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.lease import LeaseManager
@@ -48,7 +49,6 @@ from celery_leader.tasks.runtime import shared_lease as installed_shared_lease
 from celery_leader.term_end import KILLABLE_POOLS, OnLoss, effective_policy
 from celery_leader.term_end.in_worker import SnapshotError, Waiting, snapshot
 from celery_leader.term_end.watchdog import Watchdog
-from celery_leader.worker.balancer import Balancer
 from celery_leader.worker.dispatch import SerialDispatcher
 from celery_leader.worker.eta import held_for_eta
 from celery_leader.worker.redelivery import (
@@ -108,7 +108,7 @@ class Coordinator:
         #: Ends prefork runs at their term's deadline (see celery_leader.term_end.watchdog).
         self.watchdog = Watchdog(self.group.shared) if pool_kind in KILLABLE_POOLS else None
         self._watchdog_lock = threading.Lock()
-        #: Spreads the elections over the workers, where the store can (see worker.balancer).
+        #: Spreads the elections over the workers, where the store can (see elections.balancer).
         self.balancer: Balancer | None = None
         #: Every election of this worker by its own name (None: the default one).
         self.elections: dict[str | None, WorkerElection] = {}

@@ -29,14 +29,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from celery_leader.elections.balance import Member, plan
 from celery_leader.exceptions import StoreError
+from celery_leader.lease import LeaseManager
 from celery_leader.stores.base import Presence
-
-if TYPE_CHECKING:
-    from celery_leader.worker.coordinator import Coordinator
 
 logger = logging.getLogger(__name__)
 
@@ -46,31 +45,76 @@ STABLE_PASSES = 2
 FRESH_VIEW = 0.1
 
 
+class BalancedElection(Protocol):
+    """One election of the worker, as the balancer sees it."""
+
+    @property
+    def name(self) -> str:
+        """The election's lease name."""
+
+    @property
+    def manager(self) -> LeaseManager:
+        """Its lease manager (asked ``is_leader()`` and ``sitting_out()``)."""
+
+    @property
+    def stepping_down(self) -> bool:
+        """True while it gives its term up (a step-down or a hand-over in progress)."""
+
+    def hand_over(self) -> bool:
+        """Give the term to another worker gently; False when it cannot now."""
+
+
+class BalancedWorker(Protocol):
+    """The worker as the balancer sees it: the worker's ``Coordinator``, a simulated process."""
+
+    @property
+    def nodename(self) -> str:
+        """The name the worker announces."""
+
+    @property
+    def shutting_down(self) -> bool:
+        """True once the worker is leaving."""
+
+    @property
+    def elections(self) -> Mapping[str | None, BalancedElection]:
+        """Every election the worker takes part in."""
+
+    def is_live(self) -> bool:
+        """True while the worker is fit to lead (its loop turns)."""
+
+
 class Balancer:
-    """Announces this worker and hands surplus elections over; see the module docstring."""
+    """Announces this worker and hands surplus elections over; see the module docstring.
+
+    *clock* (monotonic seconds) and *event_factory* are the thread's; the
+    simulation passes its virtual clock and a wake event that schedules a pass.
+    """
 
     def __init__(
         self,
-        coordinator: Coordinator,
+        worker: BalancedWorker,
         store: Presence,
         group: str,
         *,
         interval: float,
         ttl: float,
+        clock: Callable[[], float] = time.monotonic,
+        event_factory: Callable[[], threading.Event] = threading.Event,
     ) -> None:
-        self.coordinator = coordinator
+        self.worker = worker
         self.store = store
         self.group = group
         self.interval = interval
         self.ttl = ttl
-        self.me = coordinator.nodename
+        self.me = worker.nodename
+        self._clock = clock
         self._plan: dict[str, str] = {}
         self._live: frozenset[str] = frozenset()
         self._same_for = 0
         self._last_hand_over = -float("inf")
         self._waiting_since: dict[str, float] = {}
         self._stop = threading.Event()
-        self._wake = threading.Event()
+        self._wake = event_factory()
         self._last_pass = -float("inf")
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -82,7 +126,7 @@ class Balancer:
         with self._lock:
             owner = self._plan.get(election)
             live = self._live
-        now = time.monotonic()
+        now = self._clock()
         if owner is None or owner == self.me or owner not in live:
             self._waiting_since.pop(election, None)
             return 0.0
@@ -96,6 +140,11 @@ class Balancer:
             self._waiting_since.pop(election, None)
             return 0.0  # the planned worker did not take it: never leave it leaderless
         return self.interval
+
+    def planned(self, election: str) -> str | None:
+        """The worker the current plan names for *election* (None before the first pass)."""
+        with self._lock:
+            return self._plan.get(election)
 
     # -- the thread ------------------------------------------------------------
 
@@ -138,9 +187,9 @@ class Balancer:
 
     def me_now(self) -> Member:
         """The announcement of this worker now."""
-        coordinator = self.coordinator
-        elections = list(coordinator.elections.values())
-        able = coordinator.is_live() and not coordinator.shutting_down
+        worker = self.worker
+        elections = list(worker.elections.values())
+        able = worker.is_live() and not worker.shutting_down
         # An election this worker gave up (stepping down, or sitting out after it) is not
         # announced: the plan would hand it straight back and keep the others waiting.
         eligible = (
@@ -167,7 +216,7 @@ class Balancer:
             if (member := Member.parse(name, payload)) is not None
         }
         members[self.me] = me
-        self._last_pass = time.monotonic()
+        self._last_pass = self._clock()
         planned = plan(members)
         live = frozenset(members)
         with self._lock:
@@ -176,16 +225,14 @@ class Balancer:
         self._hand_over_surplus(me, planned, live)
 
     def _hand_over_surplus(self, me: Member, planned: dict[str, str], live: frozenset[str]) -> None:
-        now = time.monotonic()
+        now = self._clock()
         if self._same_for < STABLE_PASSES or now - self._last_hand_over < self.ttl + self.interval:
             return
         for name in sorted(me.held):
             owner = planned.get(name)
             if owner is None or owner == self.me or owner not in live:
                 continue
-            election = next(
-                (e for e in self.coordinator.elections.values() if e.name == name), None
-            )
+            election = next((e for e in self.worker.elections.values() if e.name == name), None)
             if election is not None and election.hand_over():
                 self._last_hand_over = now
                 logger.info(

@@ -6,10 +6,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from celery_leader.elections.balancer import STABLE_PASSES, Balancer
 from celery_leader.stores import open_store
 from celery_leader.stores.memory import reset_memory_stores
-from celery_leader.worker import balancer as balancer_module
-from celery_leader.worker.balancer import STABLE_PASSES, Balancer
 
 
 @dataclass
@@ -64,15 +63,16 @@ def store():
     made.close()
 
 
-def balancer(store, of: Worker, ttl: float = 2.0) -> Balancer:
+def balancer(store, of: Worker, ttl: float = 2.0, clock=None) -> Balancer:
     """A balancer for *of* on a client of its own (a balancer closes its client when stopped)."""
     own = open_store(store.url, timeout=1)
-    return Balancer(of, own, "app.members", interval=0.5, ttl=ttl)  # type: ignore[arg-type]
+    options = {} if clock is None else {"clock": clock}
+    return Balancer(of, own, "app.members", interval=0.5, ttl=ttl, **options)  # type: ignore[arg-type]
 
 
-def planned_pair(store) -> tuple[Balancer, Balancer]:
+def planned_pair(store, clock=None) -> tuple[Balancer, Balancer]:
     """Two workers that both announced and have seen each other."""
-    b1, b2 = balancer(store, worker("w1")), balancer(store, worker("w2"))
+    b1, b2 = balancer(store, worker("w1"), clock=clock), balancer(store, worker("w2"), clock=clock)
     b1.run_pass()
     b2.run_pass()
     b1.run_pass()
@@ -95,10 +95,9 @@ def test_an_election_handed_over_is_not_announced_as_eligible(store):
     assert b1.me_now().eligible == set(NAMES) - {"app.a"}
 
 
-def test_a_waiting_worker_tries_anyway_after_two_ttls(store, monkeypatch):
-    b1, _ = planned_pair(store)
+def test_a_waiting_worker_tries_anyway_after_two_ttls(store):
     now = [1000.0]
-    monkeypatch.setattr(balancer_module.time, "monotonic", lambda: now[0])
+    b1, _ = planned_pair(store, clock=lambda: now[0])
     waiting = next(name for name in NAMES if b1.acquire_delay(name) > 0)
     now[0] += 2.0
     assert b1.acquire_delay(waiting) > 0
