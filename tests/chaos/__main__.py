@@ -1,4 +1,8 @@
-"""Long chaos mode: ``python -m tests.chaos --minutes 30 [--seed N] [--broker redis|rabbitmq]``."""
+"""Long chaos mode: ``python -m tests.chaos --minutes 30 [--broker B] [--elections A,B]``.
+
+``--seed N`` replays a run; ``--broker`` is redis or rabbitmq; ``--elections`` adds named
+elections beside the default one.
+"""
 
 from __future__ import annotations
 
@@ -16,11 +20,16 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--broker", choices=["redis", "rabbitmq"], default="redis")
+    parser.add_argument("--elections", default="", help="named elections, comma separated")
     args = parser.parse_args()
+    elections = tuple(filter(None, args.elections.split(",")))
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     with tempfile.TemporaryDirectory(prefix="celery-leader-chaos-") as tmp:
         summary = run_chaos(
-            ChaosConfig(seconds=args.minutes * 60, seed=seed, broker=args.broker), Path(tmp)
+            ChaosConfig(
+                seconds=args.minutes * 60, seed=seed, broker=args.broker, elections=elections
+            ),
+            Path(tmp),
         )
     print(f"seed {seed}")
     for violation in summary.violations():

@@ -37,6 +37,13 @@ Never allowed:
   Exempt, as above: an earlier run in a worker whose whole process group was
   frozen during it.
 
+Several elections: rows of a named election carry ``election`` (the
+default election's carry none). Tokens of two elections mean nothing to
+each other, so each election's starts and writes are judged on their own
+(stale starts, stale writes, runs in flight across a term change of *that*
+election); never-ended runs, reruns, duplicates and losses are judged over
+all messages (a message index belongs to one election).
+
 Counted and reported:
 * **runs ended by a kill**: runs whose end is a gone row;
 * **duplicates**: messages run more than once (at-least-once delivery);
@@ -75,6 +82,8 @@ class Summary:
     duplicates: int = 0
     lost: list[int] = field(default_factory=list)
     terms: int = 0
+    #: Terms seen per election ("" is the default election).
+    terms_by_election: dict[str, int] = field(default_factory=dict)
 
     def violations(self) -> list[str]:
         found = []
@@ -104,6 +113,11 @@ class Summary:
             ("messages sent", self.sent),
             ("runs started", self.started),
             ("leader terms seen", self.terms),
+            *(
+                (f"  of election {name!r}", count)
+                for name, count in self.terms_by_election.items()
+                if len(self.terms_by_election) > 1
+            ),
             ("stale starts (must be 0)", len(self.stale_starts)),
             ("stale fenced writes accepted (must be 0)", len(self.stale_writes_accepted)),
             ("stale fenced writes refused", self.writes_refused),
@@ -161,14 +175,63 @@ def _frozen_during(freezes: list[Freeze], run: dict[str, Any], end: float) -> bo
     )
 
 
+def election_of(row: dict[str, Any]) -> str:
+    """The election a row belongs to ("" for the default election)."""
+    return str(row.get("election") or "")
+
+
 def check(rows: list[dict[str, Any]], sent: int, freezes: Iterable[Freeze] = ()) -> Summary:
     """Check a chaos history; see the module docstring for the rules."""
     summary = Summary(sent=sent)
     freezes = [Freeze(*f) for f in freezes]
     starts = sorted((r for r in rows if r["kind"] == "start"), key=lambda r: r["at"])
-    writes = sorted((r for r in rows if r["kind"] == "write"), key=lambda r: r["at"])
     summary.started = len(starts)
-    summary.terms = len({r["token"] for r in starts})
+    ends = run_ends(starts, rows)
+    elections = sorted({election_of(r) for r in rows if r["kind"] in ("start", "write")})
+    for election in elections:
+        _check_election(
+            summary,
+            [
+                (row, end)
+                for row, end in zip(starts, ends, strict=True)
+                if election_of(row) == election
+            ],
+            [r for r in rows if r["kind"] == "write" and election_of(r) == election],
+            freezes,
+        )
+        summary.terms_by_election[election] = len(
+            {r["token"] for r in starts if election_of(r) == election}
+        )
+    summary.terms = sum(summary.terms_by_election.values())
+    runs_of_message: dict[Any, list[tuple[dict[str, Any], float]]] = defaultdict(list)
+    for row, ended in zip(starts, ends, strict=True):
+        if ended is None:
+            summary.never_ended.append(row)
+            continue
+        end, how = ended
+        for earlier, earlier_end in runs_of_message[row.get("i")]:
+            if earlier_end > row["at"] and not _frozen_during(freezes, earlier, earlier_end):
+                summary.rerun_while_running.append(
+                    {**row, "earlier_pid": earlier.get("pid"), "earlier_ended": earlier_end}
+                )
+                break
+        runs_of_message[row.get("i")].append((row, end))
+        summary.killed += how == "gone"
+    counts = Counter(r["i"] for r in starts)
+    summary.duplicates = sum(n - 1 for n in counts.values() if n > 1)
+    summary.lost = sorted(set(range(sent)) - set(counts))
+    return summary
+
+
+def _check_election(
+    summary: Summary,
+    runs: list[tuple[dict[str, Any], tuple[float, str] | None]],
+    write_rows: list[dict[str, Any]],
+    freezes: list[Freeze],
+) -> None:
+    """The rules on one election's tokens: its starts (with their ends) and its writes."""
+    starts = [row for row, _ in runs]
+    writes = sorted(write_rows, key=lambda r: r["at"])
     highest = 0
     for row in starts:
         if row["token"] < highest:
@@ -189,20 +252,10 @@ def check(rows: list[dict[str, Any]], sent: int, freezes: Iterable[Freeze] = ())
     first_start_of_term: dict[int, float] = {}
     for row in starts:
         first_start_of_term.setdefault(row["token"], row["at"])
-    runs_of_message: dict[Any, list[tuple[dict[str, Any], float]]] = defaultdict(list)
-    for row, ended in zip(starts, run_ends(starts, rows), strict=True):
+    for row, ended in runs:
         if ended is None:
-            summary.never_ended.append(row)
-            continue
+            continue  # judged with every election's runs
         end, how = ended
-        for earlier, earlier_end in runs_of_message[row.get("i")]:
-            if earlier_end > row["at"] and not _frozen_during(freezes, earlier, earlier_end):
-                summary.rerun_while_running.append(
-                    {**row, "earlier_pid": earlier.get("pid"), "earlier_ended": earlier_end}
-                )
-                break
-        runs_of_message[row.get("i")].append((row, end))
-        summary.killed += how == "gone"
         newer = [
             (began, token)
             for token, began in first_start_of_term.items()
@@ -217,7 +270,3 @@ def check(rows: list[dict[str, Any]], sent: int, freezes: Iterable[Freeze] = ())
         summary.in_flight_overlaps.append(
             {**row, "ended": end, "ended_by": how, "newer_token": token, "newer_began": began}
         )
-    counts = Counter(r["i"] for r in starts)
-    summary.duplicates = sum(n - 1 for n in counts.values() if n > 1)
-    summary.lost = sorted(set(range(sent)) - set(counts))
-    return summary

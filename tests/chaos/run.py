@@ -49,6 +49,7 @@ from collections.abc import Callable
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import redis
 from celery import Celery
@@ -182,6 +183,23 @@ class ChaosConfig:
     broker: str = "redis"
     ttl: float = 2.0
     send_every: float = 0.15  # about a third of what the leader (-c 2) can run
+    #: Named elections beside the default one: each has a chaos task of its own, the
+    #: workers balance them, faults hit the holder of an election drawn from the seed,
+    #: and the checker judges each election's history on its own.
+    elections: tuple[str, ...] = ()
+
+
+class Leading(NamedTuple):
+    """A worker that holds an election's lease."""
+
+    slot: int
+    worker: Worker
+    election: str  # "" for the default election
+
+
+def _leads(found: Leading) -> str:
+    """`` (leads 'a')`` for a named election's holder; nothing for the default one."""
+    return f" (leads {found.election!r})" if found.election else ""
 
 
 class ChaosRun:
@@ -221,6 +239,7 @@ class ChaosRun:
             "LEADER_TTL": str(config.ttl),
             "LEADER_VISIBILITY": str(VISIBILITY),
             "PYTHONPATH": str(ROOT),
+            "LEADER_CHAOS_ELECTIONS": ",".join(config.elections),
         }
         self.workers: dict[int, Worker] = {}
         self.generation = 0
@@ -240,7 +259,11 @@ class ChaosRun:
             broker_transport_options=transport_options,
             broker_connection_retry=True,
         )
-        install(self.client, tasks=[f"{TASKS}.chaos_work"])
+        #: Election -> the chaos task of it ("" is the default election).
+        self.tasks = {"": f"{TASKS}.chaos_work"} | {
+            election: f"{TASKS}.chaos_work_{election}" for election in config.elections
+        }
+        install(self.client, tasks={task: election for election, task in self.tasks.items()})
         self.sent = 0
         self._stop = threading.Event()
         self.lease_reader = open_store(self.store.url, timeout=0.5)
@@ -271,42 +294,47 @@ class ChaosRun:
             if worker is None or worker.proc.poll() is not None:
                 self.start_worker(slot)
 
-    def leader(self) -> tuple[int, Worker] | None:
+    def leader(self) -> Leading | None:
+        """The holder of an election drawn from the seed (the default one, with no others)."""
+        # With the default election alone, no draw: the seed's fault schedule stays as it was.
+        election = self.rng.choice(sorted(self.tasks)) if len(self.tasks) > 1 else ""
+        lease = f"{self.name}.{election}" if election else self.name
         try:
-            record = self.lease_reader.read(self.name)
+            record = self.lease_reader.read(lease)
         except StoreError:
             return None
         if record is None:
             return None
         for slot, worker in self.workers.items():
             if worker.nodename == record.nodename and worker.proc.poll() is None:
-                return slot, worker
+                return Leading(slot, worker, election)
         return None
 
     # -- traffic ---------------------------------------------------------------
 
-    def send(self, duration: float) -> int:
-        """Send ``chaos_work(i, duration)`` with the next index *i* and return it.
+    def send(self, duration: float, election: str = "") -> int:
+        """Send the chaos task of *election* with the next index *i* and return it.
 
         Raises when the message was not sent (the broker may be restarting).
         """
         with self._send_lock:
             i = self.sent
-            self.client.send_task(f"{TASKS}.chaos_work", args=(i, duration))
+            self.client.send_task(self.tasks[election], args=(i, duration))
             self.sent += 1
             return i
 
     def _send_loop(self) -> None:
         while not self._stop.is_set():
             duration = self.send_rng.uniform(0.02, 0.2)
+            election = self.send_rng.choice(sorted(self.tasks)) if len(self.tasks) > 1 else ""
             try:
-                self.send(duration)
+                self.send(duration, election)
             except Exception:  # noqa: BLE001 - the broker may be restarting: not sent, retry
                 time.sleep(0.2)
                 continue
             self._stop.wait(self.config.send_every)
 
-    def long_run(self, seconds: float | None = None) -> str:
+    def long_run(self, seconds: float | None = None, election: str = "") -> str:
         """Send a run of three ttls and wait (3 s at most) until it starts; what happened.
 
         The faults that stop a leader's work from inside its worker (a stalled
@@ -314,7 +342,7 @@ class ChaosRun:
         runs are too short to be caught by the end of a term.
         """
         try:
-            i = self.send(self.config.ttl * 3 if seconds is None else seconds)
+            i = self.send(self.config.ttl * 3 if seconds is None else seconds, election)
         except Exception:  # noqa: BLE001 - the broker may be restarting
             return "no long run in flight (not sent)"
         deadline = time.monotonic() + 3
@@ -343,27 +371,27 @@ class ChaosRun:
         found = self.leader()
         if not found:
             return "no leader to kill"
-        found[1].signal(signal.SIGKILL)
-        return f"SIGKILL {found[1].nodename}"
+        found.worker.signal(signal.SIGKILL)
+        return f"SIGKILL {found.worker.nodename}{_leads(found)}"
 
     def fault_freeze_leader(self) -> str:
         found = self.leader()
         if not found:
             return "no leader to freeze"
         frozen_at = time.monotonic()
-        found[1].signal(signal.SIGSTOP)  # the process group: main, pool, run watchdog
+        found.worker.signal(signal.SIGSTOP)  # the process group: main, pool, run watchdog
         time.sleep(self.config.ttl + self.rng.uniform(0.5, 2.0))
-        found[1].signal(signal.SIGCONT)
-        self.freezes.append(Freeze(found[1].nodename, frozen_at, time.monotonic()))
-        return f"SIGSTOP {found[1].nodename} past the ttl, then SIGCONT"
+        found.worker.signal(signal.SIGCONT)
+        self.freezes.append(Freeze(found.worker.nodename, frozen_at, time.monotonic()))
+        return f"SIGSTOP {found.worker.nodename}{_leads(found)} past the ttl, then SIGCONT"
 
     def fault_stall_leader_parent(self) -> str:
         found = self.leader()
         if not found:
             return "no leader to stall"
-        worker = found[1]
+        worker = found.worker
         hold = self.config.ttl + self.rng.uniform(0.5, 2.0)
-        run = self.long_run()
+        run = self.long_run(election=found.election)
         with suppress(ProcessLookupError):
             os.kill(worker.proc.pid, signal.SIGSTOP)  # the main process alone: children run on
         try:
@@ -380,8 +408,8 @@ class ChaosRun:
         found = self.leader()
         if not found:
             return "no leader to stop"
-        found[1].proc.send_signal(signal.SIGTERM)
-        return f"SIGTERM {found[1].nodename}"
+        found.worker.proc.send_signal(signal.SIGTERM)
+        return f"SIGTERM {found.worker.nodename}{_leads(found)}"
 
     def fault_restart_store(self) -> str:
         self.store.restart_empty()
@@ -408,8 +436,13 @@ class ChaosRun:
         read_timeout = self.config.ttl / 12
         delay = self.rng.uniform(0.7, 0.95) * read_timeout
         hold = self.config.ttl + self.rng.uniform(0.5, 1.5)
-        leads = (found := self.leader()) is not None and found[0] == 0
-        run = self.long_run() if leads else "no long run: worker 0 follows"
+        found = self.leader()
+        leads = found is not None and found.slot == 0
+        run = (
+            self.long_run(election=found.election)
+            if found is not None and leads
+            else "no long run: worker 0 follows"
+        )
         self.proxy.after_next_reply("trickle", delay=delay, hang_after=3)
         deadline = time.monotonic() + self.config.ttl
         while self.proxy.mode != "trickle" and time.monotonic() < deadline:
@@ -451,9 +484,11 @@ class ChaosRun:
             self.fault_restart_broker,
             self.fault_outlast_visibility,
         ]
+        elections = ", ".join(["default", *self.config.elections])
         self.log(
             f"chaos: seed {self.config.seed}, broker {self.config.broker}, "
-            f"ttl {self.config.ttl:g} s, {self.config.seconds:g} s of faults"
+            f"ttl {self.config.ttl:g} s, {self.config.seconds:g} s of faults, "
+            f"elections: {elections}"
         )
         self.ensure_workers()
         for worker in self.workers.values():

@@ -29,6 +29,20 @@ def test_short_chaos_run(tmp_path, broker, capsys):
         assert len(summary.lost) <= 3, summary.lost
 
 
+@pytest.mark.slow
+def test_short_chaos_run_with_elections(tmp_path):
+    """60 s of the same faults with three elections balanced over the three workers (each
+    fault hits the holder of an election drawn from the seed): each election's history,
+    judged on its own, has no stale start, no stale write, no run across its term change."""
+    config = ChaosConfig(seconds=60, seed=SEED + 1, broker="redis", elections=("a", "b"))
+    summary = run_chaos(config, tmp_path)
+    print(summary.table())
+    assert summary.violations() == []
+    assert set(summary.terms_by_election) == {"", "a", "b"}, "every election ran work"
+    assert summary.terms >= 5, "the faults changed leaders several times"
+    assert len(summary.lost) <= 3, summary.lost
+
+
 def row(kind, i, token, at, **extra):
     return {"kind": kind, "i": i, "task_id": f"t{i}", "token": token, "at": at, **extra}
 
@@ -198,3 +212,37 @@ def test_checker_names_a_message_run_again_while_it_ran():
     assert summary.violations() and "run again while they ran" in summary.violations()[0]
     frozen = check(rows, 2, [Freeze("w1", 0.5, 3.5)])
     assert frozen.rerun_while_running == [], "a frozen worker's run is judged by fencing only"
+
+
+def test_checker_judges_each_election_on_its_own():
+    """Tokens of two elections interleave freely; within one, the rules hold as before."""
+    rows = [
+        row("start", 0, 100, 1.0),
+        row("end", 0, 100, 1.5),
+        row("start", 1, 7, 2.0, election="a"),  # far below 100: another election's sequence
+        row("write", 1, 7, 2.1, election="a", accepted=True, sent_at=2.05),
+        row("end", 1, 7, 2.2, election="a"),
+        row("start", 2, 101, 2.5),
+        row("end", 2, 101, 3.0),
+    ]
+    summary = check(rows, 3)
+    assert summary.violations() == []
+    assert summary.terms_by_election == {"": 2, "a": 1}
+    stale = [*rows, row("start", 3, 6, 4.0, election="a"), row("end", 3, 6, 4.1, election="a")]
+    found = check(stale, 4)
+    assert [r["i"] for r in found.stale_starts] == [3]
+
+
+def test_checker_flags_an_overlap_within_one_election_only():
+    """A run of a's term 7 still going when a's term 8 starts; b's term 9 meanwhile is fine."""
+    rows = [
+        row("start", 0, 7, 1.0, election="a"),
+        row("start", 1, 9, 1.5, election="b"),
+        row("end", 1, 9, 1.6, election="b"),
+        row("start", 2, 8, 2.0, election="a"),
+        row("end", 2, 8, 2.1, election="a"),
+        row("end", 0, 7, 3.0, election="a"),
+    ]
+    summary = check(rows, 3)
+    assert [r["i"] for r in summary.in_flight_overlaps] == [0]
+    assert summary.in_flight_overlaps[0]["newer_token"] == 8

@@ -272,21 +272,45 @@ def stop_lease_thread(state, **kwargs):
     return {"ok": "stopped"}
 
 
-@leader_only(on_loss="terminate")
-@app.task(bind=True)
-def chaos_work(self, i, seconds):
+def _chaos_body(task, i, seconds, election=""):  # type: ignore[no-untyped-def]
     """Chaos suite work: runs a while, then writes through the fence with its token.
 
     Every row carries the pool child's pid: the chaos runner watches it, to
-    record when a run that never wrote its end row was gone.
+    record when a run that never wrote its end row was gone. Rows of a named
+    election carry its name, and its writes go through a fence of its own:
+    tokens of two elections mean nothing to each other.
     """
     pid = os.getpid()
-    record("start", self, i=i, pid=pid)
+    tagged = {"election": election} if election else {}
+    record("start", task, i=i, pid=pid, **tagged)
     time.sleep(seconds)
     sent_at = time.monotonic()  # a freeze after the fence call must not reorder the write
-    accepted = fence.admit("chaos", self.request.leader_token)
-    record("write", self, i=i, accepted=accepted, sent_at=sent_at, pid=pid)
-    record("end", self, i=i, pid=pid)
+    resource = f"chaos.{election}" if election else "chaos"
+    accepted = fence.admit(resource, task.request.leader_token)
+    record("write", task, i=i, accepted=accepted, sent_at=sent_at, pid=pid, **tagged)
+    record("end", task, i=i, pid=pid, **tagged)
+
+
+@leader_only(on_loss="terminate")
+@app.task(bind=True)
+def chaos_work(self, i, seconds):
+    """Chaos suite work of the default election (see _chaos_body)."""
+    _chaos_body(self, i, seconds)
+
+
+def _chaos_task_of(election: str):  # type: ignore[no-untyped-def]
+    def work(self, i, seconds):  # type: ignore[no-untyped-def]
+        _chaos_body(self, i, seconds, election)
+
+    work.__name__ = f"chaos_work_{election}"
+    task = app.task(bind=True, name=f"{__name__}.chaos_work_{election}")(work)
+    return leader_only(on_loss="terminate", election=election)(task)
+
+
+# LEADER_CHAOS_ELECTIONS=a,b: the chaos suite's named elections, one task each
+# (chaos_work_a, ...). Unset, the app has the default election only.
+for _election in filter(None, os.environ.get("LEADER_CHAOS_ELECTIONS", "").split(",")):
+    globals()[f"chaos_work_{_election}"] = _chaos_task_of(_election)
 
 
 @leader_only(on_loss="terminate")
