@@ -15,10 +15,13 @@ and acts on it in two ways only:
   left without a leader because of a plan.
 * **A surplus is handed over.** A worker that leads an election planned for
   another live worker hands it over (stops taking its work, lets its runs
-  end within ``leader_stop_grace``, releases, sits out one ttl), one
-  election at a time, once the set of workers has not changed for two
-  passes and at most once per ttl, so workers coming and going cause no
-  thrashing.
+  end within ``leader_stop_grace``, releases, sits out one ttl), once the
+  set of workers has not changed for two passes, and then not again for a
+  ttl, so workers coming and going cause no thrashing. It hands over its
+  whole surplus in one round (the plan is sticky: only the surplus moves),
+  so a worker joining many elections gets its share within seconds, not
+  one election per ttl; an election with runs in progress waits for a
+  later round.
 
 Safety does not depend on any of it: the lease decides who leads, a plan
 only delays an acquire or asks for a release.
@@ -109,6 +112,8 @@ class Balancer:
         self.me = worker.nodename
         self._clock = clock
         self._plan: dict[str, str] = {}
+        #: Elections another live worker announced it leads, as of the last pass.
+        self._held_by_others: frozenset[str] = frozenset()
         self._live: frozenset[str] = frozenset()
         self._same_for = 0
         self._last_hand_over = -float("inf")
@@ -126,14 +131,17 @@ class Balancer:
         with self._lock:
             owner = self._plan.get(election)
             live = self._live
+            held_elsewhere = election in self._held_by_others
         now = self._clock()
         if owner is None or owner == self.me or owner not in live:
             self._waiting_since.pop(election, None)
             return 0.0
         since = self._waiting_since.setdefault(election, now)
-        if since == now and now - self._last_pass > FRESH_VIEW:
-            # The election is free and the plan names someone else: look again now (that
-            # worker may have just left) instead of at the next interval.
+        if since == now and not held_elsewhere and now - self._last_pass > FRESH_VIEW:
+            # No other worker said it leads this election, and the plan names someone
+            # else: look again now (that worker may have just left) instead of at the next
+            # interval. Not for an election another worker leads: its followers' periodic
+            # attempts would each cost an extra announcement.
             self._wake.set()
             return FRESH_VIEW
         if now - since > 2 * self.ttl:
@@ -219,9 +227,13 @@ class Balancer:
         self._last_pass = self._clock()
         planned = plan(members)
         live = frozenset(members)
+        held_by_others = frozenset(
+            e for name, member in members.items() if name != self.me for e in member.held
+        )
         with self._lock:
             self._same_for = self._same_for + 1 if live == self._live else 0
             self._plan, self._live = planned, live
+            self._held_by_others = held_by_others
         self._hand_over_surplus(me, planned, live)
 
     def _hand_over_surplus(self, me: Member, planned: dict[str, str], live: frozenset[str]) -> None:
@@ -241,4 +253,3 @@ class Balancer:
                     owner,
                     len(live),
                 )
-                return

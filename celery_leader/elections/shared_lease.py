@@ -40,7 +40,7 @@ from celery_leader.elections.wakeup import Wakeup
 _LAYOUT = struct.Struct("=qqdq")  # sequence, token, valid_until, revoked_through
 _RETRIES = 1000
 #: Elections one worker process can take part in (slots made before the pool forks).
-MAX_ELECTIONS = 64
+MAX_ELECTIONS = 128
 
 
 class SharedLeases:

@@ -429,8 +429,24 @@ class LeaseManager:
             self._sit_out_until = self._clock() + sit_out
             done.set()
         if self._held is None:
-            return self._try_acquire()
+            wait = self._try_acquire()
+            return self._follower_wait(wait) if self._held is None else wait
         return self._keep()
+
+    def _follower_wait(self, wait: float) -> float:
+        """*wait* until the next attempt, ended on the renew grid when there is one.
+
+        A worker's attempts on the leases it follows then fall on the grid
+        points its renewals use, and a store that batches sends them in the
+        same call (see :mod:`celery_leader.stores.batch`). Only attempts made
+        when a wait ends move (by less than one grid step): a release
+        notification still wakes the manager at once.
+        """
+        grid = self._renew_grid
+        if not grid or wait <= 0:
+            return wait
+        now = self._clock()
+        return math.ceil((now + wait) / grid) * grid - now
 
     def _next_renew(self, t_sent: float) -> float:
         """When to renew a lease last confirmed by a call sent at *t_sent*.

@@ -17,8 +17,9 @@ release watch.
 from __future__ import annotations
 
 from celery_leader.stores.base import (
+    AcquireRequest,
     AcquireResult,
-    BatchRenew,
+    BatchCalls,
     Capability,
     Holder,
     LeaseRecord,
@@ -33,8 +34,9 @@ from celery_leader.stores.base import (
 from celery_leader.stores.registry import available_schemes, open_store
 
 __all__ = [
+    "AcquireRequest",
     "AcquireResult",
-    "BatchRenew",
+    "BatchCalls",
     "Capability",
     "Holder",
     "LeaseRecord",

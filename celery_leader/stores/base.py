@@ -30,7 +30,9 @@ import socket
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+from celery_leader.exceptions import StoreError
 
 
 class Capability(enum.Enum):
@@ -132,16 +134,32 @@ class Presence(Protocol):
         """Remove *member* from *group* now (a worker that stops)."""
 
 
+class AcquireRequest(NamedTuple):
+    """One :meth:`LeaseStore.acquire` inside a :meth:`BatchCalls.call_many`."""
+
+    name: str
+    holder: Holder
+    min_token: int = 0
+
+
 @runtime_checkable
-class BatchRenew(Protocol):
-    """An optional call a store may offer: renew many leases in one round trip."""
+class BatchCalls(Protocol):
+    """An optional call a store may offer: many renewals and acquires in one round trip.
 
-    def renew_many(self, leases: list[tuple[str, str]], ttl: float) -> list[bool]:
-        """:meth:`LeaseStore.renew` of each ``(name, lease_id)`` in *leases*, in one call.
+    A worker in many elections renews the leases it holds and tries those it
+    follows on one grid of its clock; with this call it sends all of them at
+    once, so its store load stays flat in the number of elections.
+    """
 
-        Each answer is what ``renew`` would have answered for that lease; a
-        failure of the call raises :class:`~celery_leader.exceptions.StoreError`
-        for all of them.
+    def call_many(
+        self, renewals: list[tuple[str, str]], acquires: list[AcquireRequest], ttl: float
+    ) -> tuple[list[bool], list[AcquireResult | StoreError]]:
+        """:meth:`LeaseStore.renew` of each ``(name, lease_id)`` and ``acquire`` of each request.
+
+        Each answer is what the single call would have answered for that lease
+        (an acquire that would have raised answers its
+        :class:`~celery_leader.exceptions.StoreError` in its place); a failure of
+        the whole call raises for all of them.
         """
 
 

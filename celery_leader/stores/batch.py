@@ -1,17 +1,19 @@
-"""Renewals of one process's leases, coalesced into one store call (a store with ``renew_many``).
+"""One process's store calls, coalesced into one round trip (a store with ``call_many``).
 
-A worker in many elections renews each lease on its own thread. With a
-renew grid (:class:`~celery_leader.lease.LeaseManager`'s ``renew_grid``)
-those renewals fall due at the same moments; :class:`RenewBatch` gathers the
-ones that arrive within a short window and sends them as one
-:meth:`~celery_leader.stores.base.BatchRenew.renew_many` call, so the store
-sees one round trip per renew interval however many leases the worker holds.
+A worker in many elections runs one lease manager per election, each on its
+own thread. With a renew grid (:class:`~celery_leader.lease.LeaseManager`'s
+``renew_grid``) the renewals of the leases it holds, and the attempts on the
+leases it follows (when the current holder's lease would end), fall due at
+the same moments of the worker's clock; :class:`CallBatch` gathers the calls
+that arrive within a short window and sends them as one
+:meth:`~celery_leader.stores.base.BatchCalls.call_many`, so the store sees
+one round trip per grid point however many elections the worker is in.
 
-Guarantees: each renewal gets the answer its own ``renew`` would have got
-(the script checks each lease on its own); a failed call fails every
-renewal in it, as a failed ``renew`` would. A renewal waits at most the
-window before it is sent; the lease manager's deadline on the call still
-bounds the whole wait.
+Guarantees: each call gets the answer its own ``renew`` or ``acquire``
+would have got (the store judges each lease on its own); a failed round
+trip fails every call in it, as a failed single call would. A call waits
+at most the window before it is sent; the lease manager's deadline on the
+call still bounds the whole wait.
 """
 
 from __future__ import annotations
@@ -22,83 +24,114 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_leader.exceptions import StoreError
-from celery_leader.stores.base import BatchRenew, LeaseStore
+from celery_leader.stores.base import AcquireRequest, AcquireResult, BatchCalls, Holder, LeaseStore
 
-#: How long the first renewal of a batch waits for others (seconds).
-DEFAULT_WINDOW = 0.02
-#: A backstop: a renewal left without an answer this long fails (the lease manager's own
+#: How long the first call of a batch waits for others (seconds).
+DEFAULT_WINDOW = 0.05
+#: A backstop: a call left without an answer this long fails (the lease manager's own
 #: deadline on the call is far shorter; this only keeps a thread from waiting forever).
 GIVE_UP_AFTER = 60.0
 
 
 @dataclass
-class _Renewal:
-    name: str
-    lease_id: str
+class _Call:
+    """One renew (*lease_id*) or acquire (*request*) waiting for its batch."""
+
     ttl: float
+    renewal: tuple[str, str] | None = None
+    request: AcquireRequest | None = None
     done: threading.Event = field(default_factory=threading.Event)
-    answer: bool = False
+    answer: bool | AcquireResult | None = None
     error: BaseException | None = None
 
+    @property
+    def name(self) -> str:
+        if self.renewal is not None:
+            return self.renewal[0]
+        assert self.request is not None
+        return self.request.name
 
-class RenewBatch:
-    """Gathers renewals for one ``renew_many`` call; see the module docstring."""
 
-    def __init__(self, store: BatchRenew, window: float = DEFAULT_WINDOW) -> None:
+class CallBatch:
+    """Gathers renewals and acquires for one ``call_many``; see the module docstring."""
+
+    def __init__(self, store: BatchCalls, window: float = DEFAULT_WINDOW) -> None:
         self.store = store
         self.window = window
         self._lock = threading.Lock()
-        self._pending: list[_Renewal] = []
+        self._pending: list[_Call] = []
 
     def renew(self, name: str, lease_id: str, ttl: float) -> bool:
         """Renew one lease as part of the next batch; its own answer."""
-        renewal = _Renewal(name, lease_id, ttl)
+        answer = self._join(_Call(ttl, renewal=(name, lease_id)))
+        assert isinstance(answer, bool)
+        return answer
+
+    def acquire(self, name: str, holder: Holder, ttl: float, min_token: int = 0) -> AcquireResult:
+        """Try to acquire one lease as part of the next batch; its own answer."""
+        answer = self._join(_Call(ttl, request=AcquireRequest(name, holder, min_token)))
+        assert isinstance(answer, AcquireResult)
+        return answer
+
+    def _join(self, call: _Call) -> bool | AcquireResult | None:
         with self._lock:
-            self._pending.append(renewal)
+            self._pending.append(call)
             sends = len(self._pending) == 1  # the first one sends the batch
         if sends:
-            batch: list[_Renewal] = []
+            batch: list[_Call] = []
             try:
                 time.sleep(max(0.0, self.window))
             finally:
                 # Whatever happens to this thread, the batch is taken and answered:
-                # a batch left pending would stop every later renewal.
+                # a batch left pending would stop every later call.
                 with self._lock:
                     batch, self._pending = self._pending, []
                 self._send(batch)
-        if not renewal.done.wait(GIVE_UP_AFTER):
-            raise StoreError(f"renew {name}: no answer from the batch in {GIVE_UP_AFTER:g} s")
-        if renewal.error is not None:
-            raise renewal.error
-        return renewal.answer
+        if not call.done.wait(GIVE_UP_AFTER):
+            raise StoreError(f"{call.name}: no answer from the batch in {GIVE_UP_AFTER:g} s")
+        if call.error is not None:
+            raise call.error
+        return call.answer
 
-    def _send(self, batch: list[_Renewal]) -> None:
-        by_ttl: dict[float, list[_Renewal]] = {}
-        for renewal in batch:
-            by_ttl.setdefault(renewal.ttl, []).append(renewal)
+    def _send(self, batch: list[_Call]) -> None:
+        by_ttl: dict[float, list[_Call]] = {}
+        for call in batch:
+            by_ttl.setdefault(call.ttl, []).append(call)
         for ttl, group in by_ttl.items():
+            renewing = [call for call in group if call.renewal is not None]
+            acquiring = [call for call in group if call.request is not None]
             try:
-                answers = self.store.renew_many([(r.name, r.lease_id) for r in group], ttl)
-                if len(answers) != len(group):
+                renewed, acquired = self.store.call_many(
+                    [call.renewal for call in renewing if call.renewal is not None],
+                    [call.request for call in acquiring if call.request is not None],
+                    ttl,
+                )
+                if len(renewed) != len(renewing) or len(acquired) != len(acquiring):
                     raise StoreError(  # noqa: TRY301 - one path for every failure of the call
-                        f"renew: {len(answers)} answers for {len(group)} leases"
+                        f"batch: {len(renewed)} + {len(acquired)} answers for "
+                        f"{len(renewing)} + {len(acquiring)} calls"
                     )
-                for renewal, answer in zip(group, answers, strict=True):
-                    renewal.answer = bool(answer)
+                for call, renew_answer in zip(renewing, renewed, strict=True):
+                    call.answer = bool(renew_answer)
+                for call, acquire_answer in zip(acquiring, acquired, strict=True):
+                    if isinstance(acquire_answer, BaseException):
+                        call.error = acquire_answer
+                    else:
+                        call.answer = acquire_answer
             except BaseException as exc:  # noqa: BLE001 - handed to every caller, raised there
-                for renewal in group:
-                    renewal.error = exc
+                for call in group:
+                    call.error = exc
             finally:
-                for renewal in group:
-                    renewal.done.set()
+                for call in group:
+                    call.done.set()
 
     def view(self, store: LeaseStore) -> LeaseStore:
-        """*store* with its renewals sent through this batch (every other call unchanged)."""
+        """*store* with its renewals and acquires sent through this batch (the rest unchanged)."""
         return _Batched(store, self)
 
 
 class _Batched:
-    """One election's store, renewing through a :class:`RenewBatch`.
+    """One election's store, renewing and acquiring through a :class:`CallBatch`.
 
     Every other call goes to the store by ``__getattr__``; check optional
     protocols (``Presence``, ``TokenHistory``) on the store, not on a view:
@@ -106,12 +139,15 @@ class _Batched:
     attributes that ``__getattr__`` provides.
     """
 
-    def __init__(self, store: LeaseStore, batch: RenewBatch) -> None:
+    def __init__(self, store: LeaseStore, batch: CallBatch) -> None:
         self._store = store
         self._batch = batch
 
     def renew(self, name: str, lease_id: str, ttl: float) -> bool:
         return self._batch.renew(name, lease_id, ttl)
+
+    def acquire(self, name: str, holder: Holder, ttl: float, min_token: int = 0) -> AcquireResult:
+        return self._batch.acquire(name, holder, ttl, min_token)
 
     def __getattr__(self, attribute: str) -> Any:
         return getattr(self._store, attribute)

@@ -15,7 +15,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from celery_leader.exceptions import StoreError
 from celery_leader.stores.base import (
+    AcquireRequest,
     AcquireResult,
     Capability,
     Holder,
@@ -177,9 +179,20 @@ class MemoryLeaseStore:
             self._space.state.setdefault(name, {})[key] = value
             return True
 
-    def renew_many(self, leases: list[tuple[str, str]], ttl: float) -> list[bool]:
-        """See :class:`~celery_leader.stores.base.BatchRenew`."""
-        return [self.renew(name, lease_id, ttl) for name, lease_id in leases]
+    def call_many(
+        self, renewals: list[tuple[str, str]], acquires: list[AcquireRequest], ttl: float
+    ) -> tuple[list[bool], list[AcquireResult | StoreError]]:
+        """See :class:`~celery_leader.stores.base.BatchCalls`.
+
+        One call in memory saves nothing, but a worker on this store batches as
+        on Redis, so its tests exercise the path.
+        """
+        renewed = [self.renew(name, lease_id, ttl) for name, lease_id in renewals]
+        acquired: list[AcquireResult | StoreError] = [
+            self.acquire(request.name, request.holder, ttl, request.min_token)
+            for request in acquires
+        ]
+        return renewed, acquired
 
     def announce(self, group: str, member: str, payload: str, ttl: float) -> dict[str, str]:
         """See :class:`~celery_leader.stores.base.Presence`."""

@@ -95,6 +95,7 @@ from celery_leader.exceptions import (
     StoreUnreachableError,
 )
 from celery_leader.stores.base import (
+    AcquireRequest,
     AcquireResult,
     Capability,
     Holder,
@@ -188,37 +189,9 @@ _INCARNATION = """
 """
 
 
-class RedisLeaseStore:
-    """Leases in one Redis key per election, with Lua compare-and-set."""
-
-    capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {
-            Capability.RELEASE_NOTIFICATION,
-            Capability.SERVER_TIME,
-            Capability.FENCING_SURVIVES_DATA_LOSS,
-            Capability.MULTI_HOST,
-        }
-    )
-    schemes: ClassVar[tuple[str, ...]] = ("redis://", "rediss://", "unix://")
-    extra: ClassVar[str | None] = None
-    ttl_range: ClassVar[tuple[float | None, float | None]] = (None, None)
-    default_renew_fraction: ClassVar[float] = 1 / 3
-    option_keys: ClassVar[frozenset[str]] = frozenset()
-
-    # KEYS[1] lease key, KEYS[2] token counter, KEYS[3] meta hash.
-    # ARGV[1] lease id, ARGV[2] holder JSON without its closing brace,
-    # ARGV[3] ttl in ms, ARGV[4] lowest token the caller will accept minus one.
-    # Returns {1, token, hold_off_us, 0 or 1} when acquired (1: INFO was refused,
-    # so the data's incarnation is unknown and the hold-off is always one ttl),
-    # {0, pttl_ms, value} when not.
-    # The token and the hold-off follow celery_leader/stores/rules.py, which cannot run
-    # here: tests/stores/test_rules_oracle.py holds this script to it on the same inputs.
-    # Tokens are max(last + 1, server time in us, floor + 1): Lua numbers are
-    # doubles, exact to 2^53 (the clock reaches that in the year 2255). They
-    # leave Lua through string.format('%d'): tostring() keeps only 14 digits.
-    ACQUIRE_LUA = (
-        _INCARNATION
-        + """
+# ACQUIRE_LUA's body: KEYS and ARGV as described there (CALL_MANY_LUA runs it as a
+# function of its own KEYS and ARGV, once per lease).
+_ACQUIRE_BODY = """
     local now = redis.call('TIME')
     local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
     local current = redis.call('GET', KEYS[1])
@@ -262,7 +235,55 @@ class RedisLeaseStore:
     if not seen then blind = 1 end
     return {1, token_text, hold_us, blind}
     """
+
+
+def _acquire_keys(name: str) -> list[str]:
+    """ACQUIRE_LUA's KEYS for election *name*."""
+    return [lease_key(name), token_key(name), meta_key(name)]
+
+
+def _acquire_args(holder: Holder, ttl: float, min_token: int) -> list[str | int]:
+    """ACQUIRE_LUA's ARGV: the holder record is written by the script, with its token."""
+    prefix = json.dumps(
+        {
+            "lease_id": holder.lease_id,
+            "nodename": holder.nodename,
+            "hostname": holder.hostname,
+            "pid": holder.pid,
+        }
+    )[:-1]
+    return [holder.lease_id, prefix, max(1, int(ttl * 1000)), int(min_token)]
+
+
+class RedisLeaseStore:
+    """Leases in one Redis key per election, with Lua compare-and-set."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {
+            Capability.RELEASE_NOTIFICATION,
+            Capability.SERVER_TIME,
+            Capability.FENCING_SURVIVES_DATA_LOSS,
+            Capability.MULTI_HOST,
+        }
     )
+    schemes: ClassVar[tuple[str, ...]] = ("redis://", "rediss://", "unix://")
+    extra: ClassVar[str | None] = None
+    ttl_range: ClassVar[tuple[float | None, float | None]] = (None, None)
+    default_renew_fraction: ClassVar[float] = 1 / 3
+    option_keys: ClassVar[frozenset[str]] = frozenset()
+
+    # KEYS[1] lease key, KEYS[2] token counter, KEYS[3] meta hash.
+    # ARGV[1] lease id, ARGV[2] holder JSON without its closing brace,
+    # ARGV[3] ttl in ms, ARGV[4] lowest token the caller will accept minus one.
+    # Returns {1, token, hold_off_us, 0 or 1} when acquired (1: INFO was refused,
+    # so the data's incarnation is unknown and the hold-off is always one ttl),
+    # {0, pttl_ms, value} when not.
+    # The token and the hold-off follow celery_leader/stores/rules.py, which cannot run
+    # here: tests/stores/test_rules_oracle.py holds this script to it on the same inputs.
+    # Tokens are max(last + 1, server time in us, floor + 1): Lua numbers are
+    # doubles, exact to 2^53 (the clock reaches that in the year 2255). They
+    # leave Lua through string.format('%d'): tostring() keeps only 14 digits.
+    ACQUIRE_LUA = _INCARNATION + _ACQUIRE_BODY
 
     # KEYS[1] lease key, KEYS[2] meta hash. ARGV[1] lease id, ARGV[2] ttl in ms.
     # Returns 1 when the lease was ours and now lasts ttl from now, else 0.
@@ -277,29 +298,53 @@ class RedisLeaseStore:
     """
     )
 
-    # KEYS: lease key and meta hash of each lease, in pairs. ARGV[1] ttl in ms, then the
-    # lease id of each lease. RENEW_LUA for each pair; returns a list of 1 / 0.
-    RENEW_MANY_LUA = """
-    local ttl = tonumber(ARGV[1])
+    # KEYS: lease key and meta hash of each lease renewed, in pairs, then lease key, token
+    # counter and meta hash of each lease acquired. ARGV[1] number of renewals, ARGV[2] ttl
+    # in ms, the lease id of each renewal, then ACQUIRE_LUA's four ARGV of each acquire.
+    # Returns {renewals: 1 / 0 each, acquires: ACQUIRE_LUA's reply each, or {-1, error}}.
+    CALL_MANY_LUA = (
+        _INCARNATION
+        + "local function acquire_one(KEYS, ARGV)\n"
+        + _ACQUIRE_BODY
+        + "end\n"
+        + """
+    local renewals = tonumber(ARGV[1])
+    local ttl = tonumber(ARGV[2])
     local now = redis.call('TIME')
     local end_us = tonumber(now[1]) * 1000000 + tonumber(now[2]) + ttl * 1000
-    local answers = {}
-    -- pcall: a key holding another type answers 0 for its own lease only.
-    for i = 1, #KEYS / 2 do
+    local renewed = {}
+    -- pcall: a key holding another type answers for its own lease only.
+    for i = 1, renewals do
       local answer = 0
       local current = redis.pcall('GET', KEYS[2 * i - 1])
       if type(current) == 'string' then
         local ok, rec = pcall(cjson.decode, current)
-        if ok and type(rec) == 'table' and rec['lease_id'] == ARGV[i + 1] then
+        if ok and type(rec) == 'table' and rec['lease_id'] == ARGV[i + 2] then
           redis.call('PEXPIRE', KEYS[2 * i - 1], ttl)
           local set = redis.pcall('HSET', KEYS[2 * i], 'lease_end_us', string.format('%d', end_us))
           if type(set) == 'number' then answer = 1 end
         end
       end
-      answers[i] = answer
+      renewed[i] = answer
     end
-    return answers
+    local acquired = {}
+    local key0, arg0 = 2 * renewals, 2 + renewals
+    for j = 1, (#KEYS - key0) / 3 do
+      local k = {KEYS[key0 + 3 * j - 2], KEYS[key0 + 3 * j - 1], KEYS[key0 + 3 * j]}
+      local a = {ARGV[arg0 + 4 * j - 3], ARGV[arg0 + 4 * j - 2], ARGV[arg0 + 4 * j - 1],
+                 ARGV[arg0 + 4 * j]}
+      local ok, reply = pcall(acquire_one, k, a)
+      if not ok then
+        acquired[j] = {-1, tostring(reply)}
+      elseif type(reply) == 'table' and reply['err'] then
+        acquired[j] = {-1, reply['err']}
+      else
+        acquired[j] = reply
+      end
+    end
+    return {renewed, acquired}
     """
+    )
 
     # KEYS[1] lease key, KEYS[2] meta hash. ARGV[1] lease id, ARGV[2] release channel.
     # Returns 1 when the lease was ours and is now deleted (and announced), else 0.
@@ -372,7 +417,7 @@ class RedisLeaseStore:
         self._read = client.register_script(self.READ_LUA)
         self._set_state = client.register_script(self.SET_STATE_LUA)
         self._announce = client.register_script(self.ANNOUNCE_LUA)
-        self._renew_many = client.register_script(self.RENEW_MANY_LUA)
+        self._call_many = client.register_script(self.CALL_MANY_LUA)
         #: False once the server refused a script across hash slots (cluster mode).
         self._batches = True
         self._eviction_checked = False
@@ -420,21 +465,15 @@ class RedisLeaseStore:
 
     def acquire(self, name: str, holder: Holder, ttl: float, min_token: int = 0) -> AcquireResult:
         """Take the lease when free or ours; see the module docstring for data loss."""
-        prefix = json.dumps(
-            {
-                "lease_id": holder.lease_id,
-                "nodename": holder.nodename,
-                "hostname": holder.hostname,
-                "pid": holder.pid,
-            }
-        )[:-1]
-        ttl_ms = max(1, int(ttl * 1000))
         with self._translated("acquire"):
             reply = self._acquire(
-                keys=[lease_key(name), token_key(name), meta_key(name)],
-                args=[holder.lease_id, prefix, ttl_ms, int(min_token)],
+                keys=_acquire_keys(name), args=_acquire_args(holder, ttl, min_token)
             )
         self._warn_if_evicting()
+        return self._acquired(reply)
+
+    def _acquired(self, reply: Any) -> AcquireResult:
+        """ACQUIRE_LUA's reply as a result."""
         if int(reply[0]) == 1:
             if int(reply[3]) == 1:
                 self._warn_without_info()
@@ -487,26 +526,54 @@ class RedisLeaseStore:
             )
         return int(reply) == 1
 
-    def renew_many(self, leases: list[tuple[str, str]], ttl: float) -> list[bool]:
-        """See :class:`~celery_leader.stores.base.BatchRenew`: one script for every lease.
+    def call_many(
+        self, renewals: list[tuple[str, str]], acquires: list[AcquireRequest], ttl: float
+    ) -> tuple[list[bool], list[AcquireResult | StoreError]]:
+        """See :class:`~celery_leader.stores.base.BatchCalls`: one script for every lease.
 
         Each election's keys share one hash slot, but two elections' do not: a
         cluster-mode server refuses a script across slots (CROSSSLOT). Then, and
-        from then on, each lease is renewed with its own call.
+        from then on, each lease gets a call of its own.
         """
-        if not self._batches or len(leases) == 1:
-            return [self.renew(name, lease_id, ttl) for name, lease_id in leases]
-        keys = [key for name, _ in leases for key in (lease_key(name), meta_key(name))]
-        args: list[str | int] = [int(ttl * 1000), *(lease_id for _, lease_id in leases)]
+        if not self._batches or len(renewals) + len(acquires) == 1:
+            return self._one_by_one(renewals, acquires, ttl)
+        keys = [key for name, _ in renewals for key in (lease_key(name), meta_key(name))]
+        keys += [key for request in acquires for key in _acquire_keys(request.name)]
+        args: list[str | int] = [len(renewals), int(ttl * 1000)]
+        args += [lease_id for _, lease_id in renewals]
+        for request in acquires:
+            args += _acquire_args(request.holder, ttl, request.min_token)
         try:
             with self._translated("renew"):
-                replies = self._renew_many(keys=keys, args=args)
+                renewed, acquired = self._call_many(keys=keys, args=args)
         except StoreError as exc:
             if "CROSSSLOT" not in str(exc):
                 raise
             self._batches = False
-            return [self.renew(name, lease_id, ttl) for name, lease_id in leases]
-        return [int(reply) == 1 for reply in replies]
+            return self._one_by_one(renewals, acquires, ttl)
+        if acquires:
+            self._warn_if_evicting()
+        answers: list[AcquireResult | StoreError] = []
+        for request, reply in zip(acquires, acquired, strict=False):
+            if int(reply[0]) == -1:
+                error = StoreError(self._message(f"acquire {request.name}", Exception(reply[1])))
+                answers.append(error)
+            else:
+                answers.append(self._acquired(reply))
+        return [int(reply) == 1 for reply in renewed], answers
+
+    def _one_by_one(
+        self, renewals: list[tuple[str, str]], acquires: list[AcquireRequest], ttl: float
+    ) -> tuple[list[bool], list[AcquireResult | StoreError]]:
+        """:meth:`call_many` as one call per lease (a renewal's failure fails the whole call)."""
+        renewed = [self.renew(name, lease_id, ttl) for name, lease_id in renewals]
+        answers: list[AcquireResult | StoreError] = []
+        for request in acquires:
+            try:
+                answers.append(self.acquire(request.name, request.holder, ttl, request.min_token))
+            except StoreError as exc:
+                answers.append(exc)
+        return renewed, answers
 
     def release(self, name: str, lease_id: str) -> bool:
         """Compare-and-set DEL of our own lease, announced on the release channel."""

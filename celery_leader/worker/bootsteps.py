@@ -36,7 +36,7 @@ from celery_leader.settings import LeaderSettings, app_settings
 from celery_leader.startup_error import StartupConfigurationError
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Presence
-from celery_leader.stores.batch import RenewBatch
+from celery_leader.stores.batch import CallBatch
 from celery_leader.stores.registry import TEST_ONLY_SCHEMES, shared_store_urls, store_class
 from celery_leader.tasks import ensure_router, resolve_leader_tasks
 from celery_leader.term_end import KILLABLE_POOLS
@@ -222,7 +222,7 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
                 from celery_leader.observe.metrics import enable_metrics  # noqa: PLC0415 - optional extra
             # One store client per election: each lease manager renews on its own thread.
             stores = {election: self._open_store() for election in elections}
-            batch = self._renew_batch(len(elections))
+            batch = self._call_batch(len(elections))
         except ConfigurationError as exc:
             raise WorkerConfigurationError(f"celery-leader: {exc}") from None
         warn_about_visibility(worker.app, leader_tasks)
@@ -230,7 +230,8 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
         _check_pool_size(worker, kind)
         names = self.app_settings.names
         if batch is not None:
-            # Renewals of every election go out together, one store call per renew interval.
+            # Renewals and followers' attempts of every election go out together: one store
+            # call per grid point of the renew interval.
             stores = {election: batch.view(store) for election, store in stores.items()}
         coordinator = Coordinator(
             settings,
@@ -273,12 +274,12 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
             )
         return self
 
-    def _renew_batch(self, elections: int) -> RenewBatch | None:
-        """One client renewing every lease of this worker at once, where the store can."""
-        if elections <= 1 or not hasattr(store_class(self.settings.backend_url), "renew_many"):
+    def _call_batch(self, elections: int) -> CallBatch | None:
+        """One client renewing (and trying) every lease of this worker at once, where it can."""
+        if elections <= 1 or not hasattr(store_class(self.settings.backend_url), "call_many"):
             return None
         self._batch_store = self._open_store()
-        return RenewBatch(self._batch_store)
+        return CallBatch(self._batch_store)
 
     def _balancer(self, coordinator: Coordinator) -> Balancer | None:
         """A balancer on a store client of its own, where the store keeps members (Presence)."""

@@ -158,12 +158,12 @@ def test_a_named_election_fails_over_and_steps_down_on_its_own(cluster_for):
 SIX = ("", "billing", "reports", "audit", "export", "sync")
 
 
-def holders(cluster) -> dict[str, tuple[str, int] | None]:
-    """Election -> (holder, token) for the six elections, from the store."""
+def holders(cluster, elections=None) -> dict[str, tuple[str, int] | None]:
+    """Election -> (holder, token) for *elections* (the six by default), from the store."""
     store = open_store(cluster.env["LEADER_STORE"], timeout=2)
     try:
         found = {}
-        for election in SIX:
+        for election in SIX if elections is None else elections:
             record = store.read(f"{cluster.name}.{election}" if election else cluster.name)
             found[election] = None if record is None else (record.nodename, record.token)
         return found
@@ -171,12 +171,12 @@ def holders(cluster) -> dict[str, tuple[str, int] | None]:
         store.close()
 
 
-def wait_spread(cluster, workers, per_worker, timeout):
+def wait_spread(cluster, workers, per_worker, timeout, elections=None):
     """Wait until every election is held and each of *workers* holds *per_worker*; the view."""
     deadline = time.monotonic() + timeout
-    seen = holders(cluster)
+    seen = holders(cluster, elections)
     while time.monotonic() < deadline:
-        seen = holders(cluster)
+        seen = holders(cluster, elections)
         counts = {w.nodename: 0 for w in workers}
         for held in seen.values():
             if held is not None and held[0] in counts:
@@ -247,3 +247,23 @@ def test_a_leader_message_of_a_task_the_worker_does_not_know_is_kept(cluster_for
     broker = redis.Redis(host="127.0.0.1", port=cluster.data.port, db=0)
     assert broker.llen(queue) == 1, "the message is still in its leader queue"
     assert "NotRegistered" not in worker.text()
+
+
+@pytest.mark.slow
+def test_store_round_trips_stay_flat_with_ten_elections(cluster_for):
+    """Two workers lead 5 of 10 elections each and follow the other 5: about 2 round trips
+    per worker per renew interval (the benchmark measures it; here a generous bound that
+    one call per lease per interval, 10 or more, would break)."""
+    from harness.monitor import round_trips
+
+    cluster = cluster_for("redis")
+    extra = [f"x{i}" for i in range(7)]
+    workers = cluster.start(2, app=APP, env={"LEADER_ELECTIONS": ",".join(extra)})
+    ten = ["", "billing", "reports", *extra]
+    wait_spread(cluster, workers, 5, 60, elections=ten)
+    time.sleep(2.0)  # past the hand-overs of the spread
+    window = 8.0
+    commands = round_trips(cluster.store.port, window)
+    renew_interval = float(cluster.env["LEADER_TTL"]) / 3
+    per_worker = sum(commands.values()) / 2 / (window / renew_interval)
+    assert 0.5 < per_worker < 3.0, (per_worker, commands)

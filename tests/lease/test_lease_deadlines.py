@@ -304,3 +304,24 @@ def test_a_renew_grid_puts_renewals_on_its_multiples_never_later():
     drive(manager, clock, 104.5)
     assert renewed_at == [101.0, 102.0, 103.0, 104.0], "on the grid, <= one interval apart"
     assert manager.is_leader()
+
+
+def test_a_renew_grid_puts_a_followers_attempts_on_its_multiples():
+    """Attempts on a lease held by another fall on the grid too (batched with renewals)."""
+    clock, events = Clock(), []
+    clock.now = 200.0
+    store = ModelStore(clock)
+    store.holder, store.expires_at = "someone-else", 202.37
+    tried_at: list[float] = []
+    real_acquire = store.acquire
+
+    def acquire(name, holder, ttl, min_token=0):
+        tried_at.append(round(clock.now, 6))
+        return real_acquire(name, holder, ttl, min_token)
+
+    store.acquire = acquire  # type: ignore[method-assign]
+    manager = make(clock, store, events, renew_grid=1.0)
+    drive(manager, clock, 203.5)
+    assert tried_at[0] == 200.0, "the first attempt is at once"
+    assert tried_at[1:] == [203.0], "the next on the first grid point after the lease ends"
+    assert manager.is_leader()

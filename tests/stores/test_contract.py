@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from celery_leader import clock
-from celery_leader.stores.base import Capability, Holder, LeaseStore, NullWatch
+from celery_leader.stores.base import AcquireResult, Capability, Holder, LeaseStore, NullWatch
 from tests.store_matrix import kind_of
 
 
@@ -335,20 +335,31 @@ def test_presence_lists_live_members_and_forgets_silent_ones(make_store, lease_t
     assert store.announce(group, "w4", "four", 5.0) == {"w1": "one", "w4": "four"}
 
 
-def test_renew_many_answers_each_lease_as_renew_would(make_store, lease_ttl):
-    """A store that batches renewals (BatchRenew): one call, each lease judged on its own."""
-    from celery_leader.stores.base import BatchRenew
+def test_call_many_answers_each_lease_as_its_own_call_would(make_store, lease_ttl):
+    """A store that batches (BatchCalls): one call, each renewal and acquire judged on its own."""
+    from celery_leader.stores.base import AcquireRequest, BatchCalls
 
     store = make_store()
-    if not isinstance(store, BatchRenew):
-        pytest.skip(f"the {type(store).__name__} renews one lease per call (no batching)")
+    if not isinstance(store, BatchCalls):
+        pytest.skip(f"the {type(store).__name__} makes one call per lease (no batching)")
     mine, theirs = holder("mine"), holder("theirs")
     base = f"batch-{time.monotonic_ns()}"
     assert store.acquire(f"{base}-a", mine, lease_ttl).acquired
     assert store.acquire(f"{base}-b", theirs, lease_ttl).acquired
-    answers = store.renew_many(
-        [(f"{base}-a", mine.lease_id), (f"{base}-b", mine.lease_id), (f"{base}-c", "x")], lease_ttl
+    renewed, acquired = store.call_many(
+        [(f"{base}-a", mine.lease_id), (f"{base}-b", mine.lease_id), (f"{base}-c", "x")],
+        [AcquireRequest(f"{base}-b", mine), AcquireRequest(f"{base}-d", mine, 5)],
+        lease_ttl,
     )
-    assert answers == [True, False, False]
+    assert renewed == [True, False, False]
     record = store.read(f"{base}-a")
     assert record is not None and record.expires_in > lease_ttl * 0.8
+    refused, granted = acquired
+    assert isinstance(refused, AcquireResult) and not refused.acquired
+    assert refused.holder is not None and refused.holder.nodename == theirs.nodename
+    assert refused.retry_in is not None and 0 < refused.retry_in <= lease_ttl
+    assert isinstance(granted, AcquireResult) and granted.acquired
+    assert granted.token is not None and granted.token > 5
+    record = store.read(f"{base}-d")
+    assert record is not None and record.nodename == mine.nodename
+    assert record.token == granted.token

@@ -144,7 +144,7 @@ def test_a_worker_refuses_too_many_elections_and_a_name_clash() -> None:
 
     _check_elections((None, "a", "b"), "app")
     many = (None, *(f"e{i}" for i in range(MAX_ELECTIONS)))
-    with pytest.raises(WorkerConfigurationError, match="at most 64: leave some out"):
+    with pytest.raises(WorkerConfigurationError, match="at most 128: leave some out"):
         _check_elections(many, "app")
     with pytest.raises(WorkerConfigurationError, match="'app' has the name of leader_name"):
         _check_elections((None, "app"), "app")
