@@ -34,3 +34,12 @@ def _recorder(election):
 
 billing_record = _recorder("billing")
 reports_record = _recorder("reports")
+
+if os.environ.get("LEADER_BEAT_EVERY"):
+    # A beat entry may target a named election's task like any other: beat's own
+    # election decides who sends, the task's election who runs it.
+    app.conf.beat_schedule["billing-tick"] = {
+        "task": f"{__name__}.billing_record",
+        "schedule": float(os.environ["LEADER_BEAT_EVERY"]),
+        "args": (-1,),
+    }

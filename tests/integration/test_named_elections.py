@@ -267,3 +267,21 @@ def test_store_round_trips_stay_flat_with_ten_elections(cluster_for):
     renew_interval = float(cluster.env["LEADER_TTL"]) / 3
     per_worker = sum(commands.values()) / 2 / (window / renew_interval)
     assert 0.5 < per_worker < 3.0, (per_worker, commands)
+
+
+@pytest.mark.slow
+def test_a_beat_entry_runs_a_named_elections_task_on_that_elections_holder(cluster_for):
+    """Beat is one election of its own; its entry for billing_record runs where billing leads."""
+    cluster = cluster_for("redis")
+    cluster.env["LEADER_BEAT_EVERY"] = "1"
+    workers = cluster.start(2, app=APP, env={"LEADER_EXCLUDE": "billing"})
+    workers += cluster.start(1, app=APP)  # the only one that may lead billing
+    billing_holder, billing_token = holder(cluster, f"{cluster.name}.billing")
+    assert billing_holder == workers[2].nodename
+    cluster.start_beat(app=APP)
+    rows = cluster.wait_history(lambda r: len(starts(r, "billing")) >= 3, 30)
+    runs = starts(rows, "billing")
+    assert {r["worker"] for r in runs} == {workers[2].nodename}
+    assert {r["token"] for r in runs} == {billing_token}
+    ticks = [r for r in rows if r["kind"] == "beat"]
+    assert ticks, "the default election's entry runs too"
