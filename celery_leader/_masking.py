@@ -29,6 +29,9 @@ def mask_url(url: str) -> str:
     Keeps scheme, user name, host, port, path and harmless query values, so
     the result still tells an operator which store is meant.
     """
+    if ";" in url and "://" in url.split(";", 1)[1]:
+        # Several URLs in one (kombu's form for sentinels): each is masked on its own.
+        return ";".join(mask_url(part) for part in url.split(";"))
     try:
         parts = urlsplit(url)
     except ValueError:

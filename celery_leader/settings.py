@@ -51,6 +51,8 @@ KNOWN_KEYS = frozenset(
         "leader_azure_connection_string",
         "leader_azure_account_url",
         "leader_azure_watch_interval",
+        "leader_sentinel_master_name",
+        "leader_sentinel_kwargs",
         "leader_metrics",
         "leader_metrics_port",
         "leader_metrics_address",
@@ -109,7 +111,7 @@ ERR_NO_BACKEND = (
     "leader_backend_url to a {urls} URL"
 )
 
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
+_REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
 _MAX_PORT = 65535
 
 #: What a new beat leader does with a slot missed in the leaderless gap.
@@ -375,6 +377,27 @@ class ElectionChoice:
         return (None, *sorted(named - self.excluded))
 
 
+def _sentinel_from_broker(
+    conf: Mapping[str, Any], url: str, given: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A Sentinel store's primary name and sentinel options, from the broker's.
+
+    Taken from ``broker_transport_options`` when not set on their own, as
+    Celery's Sentinel broker reads them.
+    """
+    if urlsplit(url).scheme != "sentinel":
+        return {}
+    transport = conf.get("broker_transport_options") or {}
+    if not isinstance(transport, Mapping):
+        return {}
+    found: dict[str, Any] = {}
+    if "leader_sentinel_master_name" not in given and transport.get("master_name"):
+        found["leader_sentinel_master_name"] = transport["master_name"]
+    if "leader_sentinel_kwargs" not in given and transport.get("sentinel_kwargs"):
+        found["leader_sentinel_kwargs"] = transport["sentinel_kwargs"]
+    return found
+
+
 @_spelled_as_given
 def default_backend_url(conf: Mapping[str, Any]) -> str:
     """``leader_backend_url``, else the broker URL when it is Redis."""
@@ -602,9 +625,12 @@ def load_app_settings(conf: Mapping[str, Any], main: str | None = None) -> AppSe
             "leader_azure_connection_string",
             "leader_azure_account_url",
             "leader_azure_watch_interval",
+            "leader_sentinel_master_name",
+            "leader_sentinel_kwargs",
         )
         if conf.get(key) is not None
     }
+    given.update(_sentinel_from_broker(conf, url, given))
     # Each store checks its own keys (LeaseStoreClass.validate_options), also keys of a
     # store other than the one in use: a bad value is reported before it is ever used.
     validate_store_options(url, given)

@@ -17,9 +17,13 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import amqp
 import redis
+
+if TYPE_CHECKING:
+    from harness.proxy import FaultProxy
 
 
 def _share(variable: str, value: str) -> tuple[int, int]:
@@ -187,6 +191,167 @@ class RedisServer(ServerProcess):
         """Kill and start again on the same port with no data (no persistence)."""
         self.kill()
         self.start()
+
+
+class SentinelProcess(ServerProcess):
+    """One ``redis-server --sentinel`` with its own config file (sentinels rewrite it)."""
+
+    def __init__(self, workdir: Path, primary_port: int, master_name: str, quorum: int) -> None:
+        self.port = free_port()
+        self.workdir = workdir / f"sentinel-{self.port}"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config = self.workdir / "sentinel.conf"
+        # A primary is down after 1 s without answer; a failover may take 3 s.
+        self.config.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndaemonize no\ndir {self.workdir}\n"
+            f"sentinel monitor {master_name} 127.0.0.1 {primary_port} {quorum}\n"
+            f"sentinel down-after-milliseconds {master_name} 1000\n"
+            f"sentinel failover-timeout {master_name} 3000\n"
+            f"sentinel parallel-syncs {master_name} 1\n"
+        )
+        self.binary = require_binary("redis-server")
+
+    def start(self) -> SentinelProcess:
+        log = open(self.workdir / "sentinel.log", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [self.binary, str(self.config), "--sentinel", "--loglevel", "notice"],
+            stdout=log,
+            stderr=log,
+        )
+        log.close()
+        wait_for_port(self.proc, self.port, "redis sentinel", 10)
+        return self
+
+
+class SentinelRedis:
+    """A primary, a replica and three sentinels (quorum 2) on loopback ports, for one test.
+
+    :attr:`url` is the ``sentinel://`` URL of the three, naming the primary
+    :attr:`master_name`. :meth:`primary_port` asks a sentinel which server is
+    primary now; :meth:`wait_failover` waits until that changed.
+    """
+
+    def __init__(
+        self, workdir: Path, master_name: str = "leadertest", *, proxied_replica: bool = False
+    ) -> None:
+        self.workdir = workdir
+        self.master_name = master_name
+        (workdir / "primary").mkdir(parents=True, exist_ok=True)
+        (workdir / "replica").mkdir(parents=True, exist_ok=True)
+        # No 5 s wait before a full sync (Redis 7's default for diskless replication).
+        fast_sync = ["--repl-diskless-sync-delay", "0"]
+        self.primary = RedisServer(workdir / "primary", extra=fast_sync)
+        #: With *proxied_replica*, the replica replicates through this proxy: blackhole it
+        #: and the primary's later writes never reach the replica (a lagging replica).
+        self.proxy: FaultProxy | None = None
+        source = self.primary.port
+        if proxied_replica:
+            from harness.proxy import FaultProxy  # here: harness.proxy imports this module
+
+            self.proxy = FaultProxy(self.primary.port)
+            source = self.proxy.port
+        self.replica = RedisServer(
+            workdir / "replica", extra=[*fast_sync, "--replicaof", "127.0.0.1", str(source)]
+        )
+        self.sentinels: list[SentinelProcess] = []
+
+    def start(self) -> SentinelRedis:
+        try:
+            self.primary.start()
+            self.replica.start()
+            self.wait_replicated()
+            self.sentinels = [
+                SentinelProcess(self.workdir, self.primary.port, self.master_name, 2).start()
+                for _ in range(3)
+            ]
+            self.wait_acquainted()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    @property
+    def servers(self) -> list[RedisServer]:
+        return [self.primary, self.replica]
+
+    @property
+    def url(self) -> str:
+        parts = ";".join(f"sentinel://127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"{parts}/0?master_name={self.master_name}"
+
+    def primary_port(self) -> int | None:
+        """The port of the primary the sentinels name now (None when none answers)."""
+        for sentinel in self.sentinels:
+            if sentinel.proc is None or sentinel.proc.poll() is not None:
+                continue
+            try:
+                client = redis.Redis(host="127.0.0.1", port=sentinel.port, socket_timeout=1)
+                with client:
+                    found = client.sentinel_get_master_addr_by_name(self.master_name)
+            except redis.RedisError:
+                continue
+            if found:
+                return int(found[1])
+        return None
+
+    def server_on(self, port: int) -> RedisServer:
+        (server,) = (s for s in self.servers if s.port == port)
+        return server
+
+    def wait_replicated(self, timeout: float = 10.0) -> None:
+        """Until the replica is in sync with the primary."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with self.replica.client(socket_timeout=1) as client:
+                    if client.info("replication").get("master_link_status") == "up":
+                        return
+            except redis.RedisError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"the replica did not sync within {timeout:g} s")
+
+    def wait_acquainted(self, timeout: float = 15.0) -> None:
+        """Until every sentinel knows the other two and the replica (a failover needs both)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            known = []
+            for sentinel in self.sentinels:
+                try:
+                    client = redis.Redis(host="127.0.0.1", port=sentinel.port, socket_timeout=1)
+                    with client:
+                        master = client.sentinel_master(self.master_name)
+                    known.append(
+                        int(master.get("num-other-sentinels", 0)) >= 2
+                        and int(master.get("num-slaves", 0)) >= 1
+                    )
+                except redis.RedisError:
+                    known.append(False)
+            if all(known):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"the sentinels did not find each other within {timeout:g} s")
+
+    def wait_failover(self, old_port: int, timeout: float = 30.0) -> int:
+        """Until the sentinels name a primary other than *old_port*, and it takes writes."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            port = self.primary_port()
+            if port is not None and port != old_port:
+                try:
+                    with self.server_on(port).client(socket_timeout=1) as client:
+                        if client.info("replication").get("role") == "master":
+                            return port
+                except redis.RedisError:
+                    pass
+            time.sleep(0.05)
+        raise RuntimeError(f"no failover within {timeout:g} s")
+
+    def stop(self) -> None:
+        for process in [*self.sentinels, self.replica, self.primary]:
+            process.stop()
+        if self.proxy is not None:
+            self.proxy.close()
 
 
 RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from celery_leader.stores.memory import reset_memory_stores
-from harness.servers import AzuriteServer, RedisServer
+from harness.servers import AzuriteServer, RedisServer, SentinelRedis
 
 
 @dataclass
@@ -96,6 +96,22 @@ def _azure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningS
 
 
 @contextmanager
+def _sentinel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningStore]:
+    servers = SentinelRedis(tmp_path / "sentinel").start()
+
+    def lose_data() -> None:
+        port = servers.primary_port()
+        assert port is not None, "the sentinels name no primary"
+        with servers.server_on(port).client() as client:
+            client.flushall()  # replicated: the replica loses it too
+
+    try:
+        yield RunningStore(STORES["sentinel"], servers.url, lose_data)
+    finally:
+        servers.stop()
+
+
+@contextmanager
 def _memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningStore]:
     yield RunningStore(STORES["memory"], f"memory://{uuid.uuid4().hex}", reset_memory_stores)
 
@@ -107,6 +123,8 @@ STORES: dict[str, StoreKind] = {
         StoreKind("sqlite", "sqlite", _sqlite, lease_ttl=5.0, short_ttl=0.6, quick=True),
         StoreKind("azure", "azureblob", _azure, lease_ttl=15.0, short_ttl=15.0, quick=False),
         StoreKind("memory", "memory", _memory, lease_ttl=5.0, short_ttl=0.6, quick=False),
+        # A primary, a replica and three sentinels: about 2 s to start, so not "quick".
+        StoreKind("sentinel", "sentinel", _sentinel, lease_ttl=5.0, short_ttl=0.6, quick=False),
     )
 }
 

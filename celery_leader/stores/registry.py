@@ -25,6 +25,7 @@ BUILTIN_STORES: Mapping[str, str] = {
     "redis": "celery_leader.stores.redis:RedisLeaseStore",
     "rediss": "celery_leader.stores.redis:RedisLeaseStore",
     "unix": "celery_leader.stores.redis:RedisLeaseStore",
+    "sentinel": "celery_leader.stores.sentinel:SentinelLeaseStore",
     "sqlite": "celery_leader.stores.sqlite:SQLiteLeaseStore",
     "azureblob": "celery_leader.stores.azure_blob:AzureBlobLeaseStore",
     "memory": "celery_leader.stores.memory:MemoryLeaseStore",

@@ -1,0 +1,156 @@
+"""The lease store on a Sentinel-managed Redis: the Redis store, reaching the current primary.
+
+URL, in the form kombu and Celery use for a Sentinel broker::
+
+    sentinel://[:password@]host:port[;sentinel://[:password@]host:port...][/db][?master_name=NAME]
+
+Every sentinel listed is asked, in turn, for the current primary of
+``master_name`` each time a connection is made (redis-py's
+``SentinelConnectionPool``): after a failover the next call reaches the
+promoted replica, and a connection to a primary that was demoted fails at
+once (``READONLY``) instead of writing to a replica. Without ``master_name``
+in the URL it is taken from ``leader_sentinel_master_name``, else from
+``broker_transport_options["master_name"]`` (as Celery's Sentinel broker takes
+it). The password is the primary's (and its replicas'); sentinels that need
+one of their own take it from ``broker_transport_options["sentinel_kwargs"]``.
+
+Guarantees: those of :mod:`celery_leader.stores.redis` (same scripts, same
+keys), on whichever server is primary. What a failover does: replication is
+asynchronous, so the promoted replica may lack the last acquire or renewals.
+It always has another run id and replication id, so the next acquire there
+sees another incarnation of the data, holds the new holder off one ttl and
+takes its token from ``max(last + 1, server time, min + 1)``: the old holder,
+which cannot renew on a server that never saw its lease, has declared loss
+by then. Tokens keep rising as long as the servers' clocks agree to within
+the time since the last token was granted (they are microseconds of server
+time). A failover while no one leads costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from redis.sentinel import Sentinel
+
+from celery_leader._masking import mask_url
+from celery_leader.exceptions import ConfigurationError
+from celery_leader.stores.base import LeaseStoreClass
+from celery_leader.stores.redis import RedisLeaseStore
+
+#: The store option naming the primary when the URL does not.
+MASTER_NAME = "leader_sentinel_master_name"
+#: Options for the connections to the sentinels themselves (a password of their own).
+SENTINEL_KWARGS = "leader_sentinel_kwargs"
+
+
+def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str | None, int, str | None]:
+    """(sentinels, password, db, master_name) of a ``sentinel://`` URL.
+
+    Raises :class:`~celery_leader.exceptions.ConfigurationError` naming the form.
+    """
+    sentinels: list[tuple[str, int]] = []
+    password: str | None = None
+    db = 0
+    master_name: str | None = None
+    for piece in url.split(";"):
+        part = piece.strip()
+        if not part:
+            continue
+        try:
+            split = urlsplit(part)
+            port = split.port or 26379
+        except ValueError:
+            raise ConfigurationError(_bad_url(url, "a host:port is not valid")) from None
+        if split.scheme != "sentinel" or not split.hostname:
+            raise ConfigurationError(_bad_url(url, "each part must be sentinel://host:port"))
+        sentinels.append((split.hostname, port))
+        if split.password and password is None:
+            password = unquote(split.password)
+        path = split.path.strip("/")
+        if path:
+            if not path.isdigit():
+                raise ConfigurationError(_bad_url(url, f"the database {path!r} is not a number"))
+            db = int(path)
+        query = dict(parse_qsl(split.query))
+        master_name = query.get("master_name") or master_name
+    if not sentinels:
+        raise ConfigurationError(_bad_url(url, "no sentinel is listed"))
+    return sentinels, password, db, master_name
+
+
+def _bad_url(url: str, why: str) -> str:
+    return (
+        f"leader_backend_url={mask_url(url)} is not allowed: {why} (the form is "
+        "sentinel://[:password@]host:port[;sentinel://host:port...][/db]?master_name=NAME)"
+    )
+
+
+class SentinelLeaseStore(RedisLeaseStore):
+    """The Redis store on the primary the sentinels name; see the module docstring."""
+
+    schemes: ClassVar[tuple[str, ...]] = ("sentinel://",)
+    option_keys: ClassVar[frozenset[str]] = frozenset({MASTER_NAME, SENTINEL_KWARGS})
+
+    @classmethod
+    def validate_options(cls, options: Mapping[str, Any]) -> None:
+        """Check ``leader_sentinel_master_name`` and ``leader_sentinel_kwargs``."""
+        name = options.get(MASTER_NAME)
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ConfigurationError(
+                f"{MASTER_NAME}={name!r} is not allowed: it must be the name the sentinels "
+                "monitor the primary under (a non-empty string)"
+            )
+        kwargs = options.get(SENTINEL_KWARGS)
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise ConfigurationError(
+                f"{SENTINEL_KWARGS} ({type(kwargs).__name__}) is not allowed: it must be a "
+                "mapping of connection options for the sentinels"
+            )
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, timeout: float, options: Mapping[str, Any] | None = None
+    ) -> RedisLeaseStore:
+        """Open a store on the primary that the sentinels of *url* name.
+
+        Timeouts as the Redis store's: half of *timeout* to connect and to
+        read, no retries of redis-py's own (the lease manager retries).
+        """
+        options = options or {}
+        cls.validate_options(options)
+        sentinels, password, db, master_name = parse_sentinel_url(url)
+        master_name = master_name or options.get(MASTER_NAME)
+        if not master_name:
+            raise ConfigurationError(
+                f"leader_backend_url={mask_url(url)} names no primary: add "
+                "?master_name=NAME, or set leader_sentinel_master_name (or "
+                "broker_transport_options['master_name'])"
+            )
+        connection = {
+            "socket_timeout": timeout / 2,
+            "socket_connect_timeout": timeout / 2,
+            "retry": Retry(NoBackoff(), 0),
+        }
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            sentinels,
+            sentinel_kwargs={**connection, **dict(options.get(SENTINEL_KWARGS) or {})},
+            **connection,
+        )
+        client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+            master_name,
+            db=db,
+            password=password,
+            decode_responses=True,
+            client_name="celery-leader",
+            **connection,
+        )
+        return cls(client, url)
+
+
+#: The class declares what the registry, the settings and the tests read (checked by mypy).
+_DECLARES: LeaseStoreClass = SentinelLeaseStore

@@ -1,0 +1,104 @@
+"""The Sentinel store: its URL, its settings, and a failover that lost writes, on real servers."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from celery_leader._masking import mask_url
+from celery_leader.exceptions import ConfigurationError
+from celery_leader.settings import load_app_settings
+from celery_leader.stores import Holder, open_store
+from celery_leader.stores.sentinel import parse_sentinel_url
+from harness.servers import SentinelRedis
+
+URL = "sentinel://:s3cret@10.0.0.1:26379;sentinel://:s3cret@10.0.0.2:26380/2?master_name=main"
+
+
+def test_the_url_lists_every_sentinel_and_names_the_primary():
+    sentinels, password, db, master = parse_sentinel_url(URL)
+    assert sentinels == [("10.0.0.1", 26379), ("10.0.0.2", 26380)]
+    assert (password, db, master) == ("s3cret", 2, "main")
+    assert parse_sentinel_url("sentinel://h")[0] == [("h", 26379)], "the sentinel default port"
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("sentinel://h:1;redis://h:2", "each part must be sentinel://host:port"),
+        ("sentinel://h:1/zero", "the database 'zero' is not a number"),
+        ("sentinel://h:notaport", "a host:port is not valid"),
+    ],
+)
+def test_a_bad_url_names_the_form(url, why):
+    with pytest.raises(ConfigurationError) as found:
+        parse_sentinel_url(url)
+    assert why in str(found.value) and "sentinel://[:password@]host:port" in str(found.value)
+
+
+def test_every_password_in_the_url_is_masked():
+    masked = mask_url(URL)
+    assert "s3cret" not in masked
+    assert masked.count("***") == 2 and "10.0.0.2:26380" in masked
+
+
+def test_without_a_primary_name_the_error_says_where_to_set_it():
+    with pytest.raises(ConfigurationError, match="leader_sentinel_master_name") as found:
+        open_store("sentinel://:s3cret@127.0.0.1:1", timeout=1)
+    assert "s3cret" not in str(found.value)
+
+
+def test_the_primary_name_comes_from_the_broker_transport_options():
+    conf = {
+        "broker_url": "sentinel://127.0.0.1:26379;sentinel://127.0.0.1:26380",
+        "broker_transport_options": {"master_name": "main", "sentinel_kwargs": {"x": 1}},
+    }
+    settings = load_app_settings(conf, "proj")
+    assert settings.backend_url.startswith("sentinel://"), "a Sentinel broker is the default"
+    assert settings.store_options["leader_sentinel_master_name"] == "main"
+    assert settings.store_options["leader_sentinel_kwargs"] == {"x": 1}
+    given = load_app_settings({**conf, "leader_sentinel_master_name": "own"}, "proj")
+    assert given.store_options["leader_sentinel_master_name"] == "own", "its own key first"
+    with pytest.raises(ConfigurationError, match="leader_sentinel_master_name=5 is not allowed"):
+        load_app_settings({**conf, "leader_sentinel_master_name": 5}, "proj")
+
+
+@pytest.mark.slow
+def test_a_failover_to_a_replica_that_missed_the_acquire_holds_the_next_holder_off(tmp_path):
+    """The replica never got the lease (its link is cut); the primary dies; the promoted
+    replica has no lease, another run id: the next holder waits one ttl, with a greater
+    token, while the old holder cannot renew there and declares loss."""
+    servers = SentinelRedis(tmp_path, proxied_replica=True).start()
+    store = open_store(servers.url, timeout=1)
+    try:
+        assert servers.proxy is not None
+        earlier, old = Holder("earlier", "w1", "h", 1), Holder("old", "w1", "h", 1)
+        new = Holder("new", "w2", "h", 2)
+        assert store.acquire("x", earlier, 5.0).acquired  # a first term, replicated
+        assert store.release("x", "earlier")
+        servers.wait_replicated()
+        time.sleep(0.3)  # the release reached the replica
+        servers.proxy.set_mode("blackhole")  # from now on the replica hears nothing
+        first = store.acquire("x", old, 5.0)
+        assert first.acquired and first.hold_off == 0, "a known store: no hold-off"
+        primary = servers.primary_port()
+        assert primary is not None
+        servers.server_on(primary).stop()  # SIGKILL: the acquire above never left it
+        servers.wait_failover(primary)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                renewed = store.renew("x", "old", 5.0)
+                break
+            except Exception:  # noqa: BLE001 - reconnecting to the promoted replica
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert renewed is False, "the promoted replica never saw the old holder's lease"
+        taken = store.acquire("x", new, 5.0)
+        assert taken.acquired and taken.token is not None and first.token is not None
+        assert taken.token > first.token
+        assert taken.hold_off >= 4.9, f"another incarnation of the data: hold off one ttl ({taken})"
+    finally:
+        store.close()
+        servers.stop()
