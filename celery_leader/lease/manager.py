@@ -429,18 +429,20 @@ class LeaseManager:
             self._sit_out_until = self._clock() + sit_out
             done.set()
         if self._held is None:
-            wait = self._try_acquire()
-            return self._follower_wait(wait) if self._held is None else wait
+            return self._try_acquire()
         return self._keep()
 
-    def _follower_wait(self, wait: float) -> float:
-        """*wait* until the next attempt, ended on the renew grid when there is one.
+    def _on_grid(self, wait: float) -> float:
+        """*wait*, ended on the renew grid when there is one.
 
-        A worker's attempts on the leases it follows then fall on the grid
-        points its renewals use, and a store that batches sends them in the
-        same call (see :mod:`celery_leader.stores.batch`). Only attempts made
-        when a wait ends move (by less than one grid step): a release
-        notification still wakes the manager at once.
+        For the waits that are not tied to a lease's end (sitting out, not
+        fit, a balancer's delay): the attempt after them then falls on a grid
+        point, where this worker's renewals go too, and a store that batches
+        sends them in one call (see :mod:`celery_leader.stores.batch`). A wait
+        for the current lease to end is never moved (a failover must not wait
+        for the grid), nor a backoff after a store error (its jitter spreads
+        the workers), and a release notification still wakes the manager at
+        once.
         """
         grid = self._renew_grid
         if not grid or wait <= 0:
@@ -481,10 +483,10 @@ class LeaseManager:
     def _try_acquire(self) -> float:
         now = self._clock()
         if now < self._sit_out_until:
-            return self._sit_out_until - now
+            return self._on_grid(self._sit_out_until - now)
         wait = self._wait_before_competing()
         if wait > 0:
-            return wait
+            return self._on_grid(wait)
         if self._term_ended:
             self._term_ended = False
             self._holder = replace(self._holder, lease_id=uuid.uuid4().hex)

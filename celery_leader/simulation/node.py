@@ -215,6 +215,9 @@ class Node:
         self.pool.on_elected()
 
     def _on_ended_event(self, event: LeaseEvent) -> None:
+        # The term a hand-over was asked for has ended: a later term is not handed over
+        # until asked again (as the worker's hand-over clears its flag when it is done).
+        self._handing_over = False
         reason = f" ({event.reason.value})" if event.reason is not None else ""
         kind = event.kind.name
         self._trace.add(self._sched.now, self.name, "%s token %d%s", kind, event.term.token, reason)

@@ -230,7 +230,10 @@ class World:
         elif kind is Kind.EVICT:
             election = self._pick(fault)
             if self.stores[election].evict_lease():
-                say(now, "store", "lease key of %s evicted", election)
+                if self.balanced:
+                    say(now, "store", "lease key of %s evicted", election)
+                else:
+                    say(now, "store", "lease key evicted")
         elif kind is Kind.STORE_CLOCK_BACK:
             # Never before the clock's origin: a clock reads time since an epoch long past.
             back = min(fault.age, now - self.store.behind)

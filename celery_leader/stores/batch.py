@@ -97,33 +97,54 @@ class CallBatch:
         by_ttl: dict[float, list[_Call]] = {}
         for call in batch:
             by_ttl.setdefault(call.ttl, []).append(call)
+        # A store that cannot batch now (a cluster-mode Redis refusing a script across
+        # slots) makes one call per lease: then renewals are sent and answered first, and
+        # the acquires go out on a thread of their own, so a slow acquire never holds up
+        # a renewal past its deadline (nor the sending thread, when it renews).
+        split = not getattr(self.store, "batches", True)
         for ttl, group in by_ttl.items():
-            renewing = [call for call in group if call.renewal is not None]
-            acquiring = [call for call in group if call.request is not None]
-            try:
-                renewed, acquired = self.store.call_many(
-                    [call.renewal for call in renewing if call.renewal is not None],
-                    [call.request for call in acquiring if call.request is not None],
-                    ttl,
+            if split:
+                acquiring = [call for call in group if call.request is not None]
+                self._send_group(ttl, [call for call in group if call.renewal is not None])
+                if acquiring:
+                    threading.Thread(
+                        target=self._send_group,
+                        args=(ttl, acquiring),
+                        name="celery-leader-acquires",
+                        daemon=True,
+                    ).start()
+            else:
+                self._send_group(ttl, group)
+
+    def _send_group(self, ttl: float, group: list[_Call]) -> None:
+        if not group:
+            return
+        renewing = [call for call in group if call.renewal is not None]
+        acquiring = [call for call in group if call.request is not None]
+        try:
+            renewed, acquired = self.store.call_many(
+                [call.renewal for call in renewing if call.renewal is not None],
+                [call.request for call in acquiring if call.request is not None],
+                ttl,
+            )
+            if len(renewed) != len(renewing) or len(acquired) != len(acquiring):
+                raise StoreError(  # noqa: TRY301 - one path for every failure of the call
+                    f"batch: {len(renewed)} + {len(acquired)} answers for "
+                    f"{len(renewing)} + {len(acquiring)} calls"
                 )
-                if len(renewed) != len(renewing) or len(acquired) != len(acquiring):
-                    raise StoreError(  # noqa: TRY301 - one path for every failure of the call
-                        f"batch: {len(renewed)} + {len(acquired)} answers for "
-                        f"{len(renewing)} + {len(acquiring)} calls"
-                    )
-                for call, renew_answer in zip(renewing, renewed, strict=True):
-                    call.answer = bool(renew_answer)
-                for call, acquire_answer in zip(acquiring, acquired, strict=True):
-                    if isinstance(acquire_answer, BaseException):
-                        call.error = acquire_answer
-                    else:
-                        call.answer = acquire_answer
-            except BaseException as exc:  # noqa: BLE001 - handed to every caller, raised there
-                for call in group:
-                    call.error = exc
-            finally:
-                for call in group:
-                    call.done.set()
+            for call, renew_answer in zip(renewing, renewed, strict=True):
+                call.answer = bool(renew_answer)
+            for call, acquire_answer in zip(acquiring, acquired, strict=True):
+                if isinstance(acquire_answer, BaseException):
+                    call.error = acquire_answer
+                else:
+                    call.answer = acquire_answer
+        except BaseException as exc:  # noqa: BLE001 - handed to every caller, raised there
+            for call in group:
+                call.error = exc
+        finally:
+            for call in group:
+                call.done.set()
 
     def view(self, store: LeaseStore) -> LeaseStore:
         """*store* with its renewals and acquires sent through this batch (the rest unchanged)."""

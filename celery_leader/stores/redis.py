@@ -335,6 +335,8 @@ class RedisLeaseStore:
                  ARGV[arg0 + 4 * j]}
       local ok, reply = pcall(acquire_one, k, a)
       if not ok then
+        -- Redis 7.2 and Valkey raise a table {err = message}, earlier ones a string.
+        if type(reply) == 'table' and reply['err'] then reply = reply['err'] end
         acquired[j] = {-1, tostring(reply)}
       elseif type(reply) == 'table' and reply['err'] then
         acquired[j] = {-1, reply['err']}
@@ -419,7 +421,7 @@ class RedisLeaseStore:
         self._announce = client.register_script(self.ANNOUNCE_LUA)
         self._call_many = client.register_script(self.CALL_MANY_LUA)
         #: False once the server refused a script across hash slots (cluster mode).
-        self._batches = True
+        self.batches = True
         self._eviction_checked = False
         self._info_warned = False
 
@@ -535,7 +537,7 @@ class RedisLeaseStore:
         cluster-mode server refuses a script across slots (CROSSSLOT). Then, and
         from then on, each lease gets a call of its own.
         """
-        if not self._batches or len(renewals) + len(acquires) == 1:
+        if not self.batches or len(renewals) + len(acquires) == 1:
             return self._one_by_one(renewals, acquires, ttl)
         keys = [key for name, _ in renewals for key in (lease_key(name), meta_key(name))]
         keys += [key for request in acquires for key in _acquire_keys(request.name)]
@@ -544,12 +546,12 @@ class RedisLeaseStore:
         for request in acquires:
             args += _acquire_args(request.holder, ttl, request.min_token)
         try:
-            with self._translated("renew"):
+            with self._translated("renew and acquire" if acquires else "renew"):
                 renewed, acquired = self._call_many(keys=keys, args=args)
         except StoreError as exc:
             if "CROSSSLOT" not in str(exc):
                 raise
-            self._batches = False
+            self.batches = False
             return self._one_by_one(renewals, acquires, ttl)
         if acquires:
             self._warn_if_evicting()

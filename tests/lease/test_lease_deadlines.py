@@ -306,12 +306,8 @@ def test_a_renew_grid_puts_renewals_on_its_multiples_never_later():
     assert manager.is_leader()
 
 
-def test_a_renew_grid_puts_a_followers_attempts_on_its_multiples():
-    """Attempts on a lease held by another fall on the grid too (batched with renewals)."""
-    clock, events = Clock(), []
-    clock.now = 200.0
-    store = ModelStore(clock)
-    store.holder, store.expires_at = "someone-else", 202.37
+def recording_attempts(clock, store) -> list[float]:
+    """Make *store* note the time of every acquire; the list it notes them in."""
     tried_at: list[float] = []
     real_acquire = store.acquire
 
@@ -319,9 +315,35 @@ def test_a_renew_grid_puts_a_followers_attempts_on_its_multiples():
         tried_at.append(round(clock.now, 6))
         return real_acquire(name, holder, ttl, min_token)
 
-    store.acquire = acquire  # type: ignore[method-assign]
-    manager = make(clock, store, events, renew_grid=1.0)
+    store.acquire = acquire
+    return tried_at
+
+
+def test_a_renew_grid_puts_a_followers_delayed_attempts_on_its_multiples():
+    """With renew_grid, an attempt after a balancer's delay falls on the grid (batched with
+    this worker's renewals)."""
+    clock, events = Clock(), []
+    clock.now = 200.0
+    store = ModelStore(clock)
+    store.holder, store.expires_at = "someone-else", 202.37
+    tried_at = recording_attempts(clock, store)
+    delays = iter([0.0, 0.25])  # at once; at the lease's end (202.4), a balancer's 0.25 s
+    manager = make(clock, store, events, renew_grid=1.0, acquire_delay=lambda: next(delays, 0.0))
     drive(manager, clock, 203.5)
     assert tried_at[0] == 200.0, "the first attempt is at once"
-    assert tried_at[1:] == [203.0], "the next on the first grid point after the lease ends"
+    assert tried_at[1] == 203.0, "after the delay (202.65 and later): on the grid"
+    assert manager.is_leader()
+
+
+def test_a_renew_grid_never_delays_the_attempt_when_the_holders_lease_ends():
+    """The failover is not moved to the grid: the attempt comes at the lease's end."""
+    clock, events = Clock(), []
+    clock.now = 300.0
+    store = ModelStore(clock)
+    store.holder, store.expires_at = "someone-else", 302.37
+    tried_at = recording_attempts(clock, store)
+    manager = make(clock, store, events, renew_grid=1.0)
+    drive(manager, clock, 303.5)
+    assert tried_at[0] == 300.0
+    assert 302.37 < tried_at[1] < 302.6, tried_at
     assert manager.is_leader()

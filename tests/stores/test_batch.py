@@ -144,3 +144,35 @@ def test_a_renew_grid_is_at_most_the_renew_interval():
     for bad in (0.0, -1.0, timing.renew_interval * 2):
         with pytest.raises(ValueError, match="renew_grid"):
             LeaseManager(store, "x", timing, renew_grid=bad)
+
+
+def test_a_store_that_cannot_batch_answers_renewals_before_slow_acquires():
+    """One call per lease (a cluster-mode Redis): a renewal never waits for the acquires."""
+    import time
+
+    class OneByOne(Counting):
+        batches = False
+
+        def call_many(self, renewals, acquires, ttl):
+            if acquires:
+                time.sleep(0.6)  # acquires on an unreachable shard, one after another
+            return super().call_many(renewals, acquires, ttl)
+
+    batch = CallBatch(OneByOne(), window=0.05)
+    answered: dict[str, float] = {}
+    started = time.monotonic()
+
+    def renew():
+        batch.renew("a", "ok", 3.0)
+        answered["renew"] = time.monotonic() - started
+
+    def acquire():
+        batch.acquire("free-b", Holder("id", "n", "h", 1), 3.0)
+        answered["acquire"] = time.monotonic() - started
+
+    threads = [threading.Thread(target=renew), threading.Thread(target=acquire)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(5)
+    assert answered["renew"] < 0.4 < answered["acquire"], answered
