@@ -10,8 +10,9 @@
 * **Store load**: N = 1 or 2 workers in K elections (with 2, each leads
   half and follows the other half); store round trips per worker per renew
   interval, every command a client sent the store's Redis counted (MONITOR;
-  a script counts once, not its commands inside). Goal: at most 2 whatever K (a 40 s window may catch one more call
-  of each periodic source at its edges: 2.05 counts as met).
+  a script counts once, not its commands inside). Goal: at most 2 whatever
+  K (a 40 s window may catch one more call of each periodic source at its
+  edges: 2.05 counts as met).
 
 Run: ``python -m benchmarks.elections``.
 """
