@@ -59,6 +59,9 @@ test_services() {
     command -v npm >/dev/null || apt_install nodejs npm
     npm ci --no-audit --no-fund --loglevel=error
   fi
+  # The PostgreSQL store tests initdb clusters of their own (as the postgres user when
+  # root); redis-server also runs Sentinel, which needs nothing more.
+  compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || apt_install postgresql
   # The chaos suite starts (and restarts) RabbitMQ nodes of its own: it needs the server.
   [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || apt_install rabbitmq-server
   # The other RabbitMQ broker tests use the machine's RabbitMQ on 127.0.0.1:5672 (guest/guest).

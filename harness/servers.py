@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -576,3 +577,107 @@ class AzuriteServer(ServerProcess):
         log.close()
         wait_for_port(self.proc, self.port, "azurite", 30)
         return self
+
+
+POSTGRES_BIN = Path("/usr/lib/postgresql")
+
+
+def postgres_binary(name: str) -> str:
+    """The newest installed PostgreSQL's *name* (``initdb``, ``pg_ctl``); fail if none is."""
+    found = sorted(POSTGRES_BIN.glob(f"*/bin/{name}"), key=lambda p: int(p.parts[-3]))
+    if not found:
+        return require_binary(name)
+    return str(found[-1])
+
+
+class PostgresServer(ServerProcess):
+    """A private PostgreSQL cluster (``initdb`` in a temp dir, trust auth on loopback).
+
+    PostgreSQL refuses to run as root: as root the cluster belongs to the
+    ``postgres`` user and every server command runs through ``runuser``. The
+    data dir lives in its own directory under /tmp (a pytest tmp dir is
+    closed to other users). :meth:`kill` is ``kill -9`` of the postmaster
+    (and its children with it); :meth:`start` again recovers from the WAL, as
+    after a crash.
+    """
+
+    def __init__(self, *, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.root = Path(tempfile.mkdtemp(prefix="celery-leader-pg-"))
+        self.data = self.root / "data"
+        self.log = self.root / "server.log"
+        self.as_postgres = os.geteuid() == 0
+        if self.as_postgres:
+            shutil.chown(self.root, "postgres", "postgres")
+        self.proc = None
+
+    def _run(self, *args: str, timeout: float = 60) -> None:
+        command = [*args]
+        if self.as_postgres:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        subprocess.run(command, check=True, capture_output=True, timeout=timeout)
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def start(self) -> PostgresServer:
+        if not (self.data / "PG_VERSION").exists():
+            self._run(
+                postgres_binary("initdb"), "-D", str(self.data), "-U", "postgres",
+                "--auth=trust", "--no-sync",
+            )  # fmt: skip
+        self._run(
+            postgres_binary("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w",
+            "-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "start",
+        )  # fmt: skip
+        return self
+
+    def postmaster_pid(self) -> int | None:
+        try:
+            return int((self.data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def processes(self) -> list[int]:
+        """The postmaster and its children."""
+        pid = self.postmaster_pid()
+        if pid is None:
+            return []
+        found = subprocess.run(
+            ["pgrep", "-P", str(pid)], check=False, capture_output=True, text=True
+        )
+        return [pid, *(int(p) for p in found.stdout.split())]
+
+    def pause(self) -> None:
+        for pid in self.processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        for pid in self.processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+    def kill(self) -> None:
+        """``kill -9`` of the postmaster and its children: a crash."""
+        for pid in self.processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", self.port)) != 0:
+                    break
+            time.sleep(0.05)
+        # What a crashed postmaster leaves behind, and a new one refuses to start beside.
+        for stale in [self.data / "postmaster.pid", *self.root.glob(".s.PGSQL.*")]:
+            with contextlib.suppress(OSError):
+                stale.unlink()
+
+    def stop(self) -> None:
+        if self.postmaster_pid() is not None:
+            self.kill()
+        shutil.rmtree(self.root, ignore_errors=True)

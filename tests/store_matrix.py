@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from celery_leader.stores.memory import reset_memory_stores
-from harness.servers import AzuriteServer, RedisServer, SentinelRedis
+from harness.servers import AzuriteServer, PostgresServer, RedisServer, SentinelRedis
 
 
 @dataclass
@@ -112,6 +112,30 @@ def _sentinel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Runni
 
 
 @contextmanager
+def _postgres(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningStore]:
+    server = PostgresServer().start()
+
+    def lose_data() -> None:
+        import psycopg
+
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            conn.execute(
+                "DROP TABLE IF EXISTS celery_leader_lease, celery_leader_state,"
+                " celery_leader_member; DROP SEQUENCE IF EXISTS celery_leader_token_seq"
+            )
+            # Connections of the store under test: they see the tables gone at once.
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE pid <> pg_backend_pid() AND datname = current_database()"
+            )
+
+    try:
+        yield RunningStore(STORES["postgres"], server.url, lose_data)
+    finally:
+        server.stop()
+
+
+@contextmanager
 def _memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningStore]:
     yield RunningStore(STORES["memory"], f"memory://{uuid.uuid4().hex}", reset_memory_stores)
 
@@ -125,6 +149,8 @@ STORES: dict[str, StoreKind] = {
         StoreKind("memory", "memory", _memory, lease_ttl=5.0, short_ttl=0.6, quick=False),
         # A primary, a replica and three sentinels: about 2 s to start, so not "quick".
         StoreKind("sentinel", "sentinel", _sentinel, lease_ttl=5.0, short_ttl=0.6, quick=False),
+        # initdb and a start take about 1.3 s.
+        StoreKind("postgres", "postgresql", _postgres, lease_ttl=5.0, short_ttl=0.6, quick=False),
     )
 }
 

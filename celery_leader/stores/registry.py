@@ -26,6 +26,8 @@ BUILTIN_STORES: Mapping[str, str] = {
     "rediss": "celery_leader.stores.redis:RedisLeaseStore",
     "unix": "celery_leader.stores.redis:RedisLeaseStore",
     "sentinel": "celery_leader.stores.sentinel:SentinelLeaseStore",
+    "postgresql": "celery_leader.stores.postgres:PostgresLeaseStore",
+    "postgres": "celery_leader.stores.postgres:PostgresLeaseStore",
     "sqlite": "celery_leader.stores.sqlite:SQLiteLeaseStore",
     "azureblob": "celery_leader.stores.azure_blob:AzureBlobLeaseStore",
     "memory": "celery_leader.stores.memory:MemoryLeaseStore",

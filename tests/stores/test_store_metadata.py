@@ -43,7 +43,10 @@ def test_declared_extra_ttl_range_and_renew_fraction_are_usable(scheme):
 
 
 def test_shared_store_urls_are_read_from_the_classes():
-    assert shared_store_urls() == "redis://, rediss://, unix://, sqlite:/// or azureblob://"
+    assert shared_store_urls() == (
+        "redis://, rediss://, unix://, sentinel://, postgresql://, postgres://, sqlite:/// or "
+        "azureblob://"
+    )
     assert not any(scheme + "://" in shared_store_urls() for scheme in TEST_ONLY_SCHEMES)
 
 
@@ -59,7 +62,8 @@ def test_unknown_scheme_names_every_store_as_declared():
     with pytest.raises(ConfigurationError) as caught:
         store_class("etcd://h")
     assert str(caught.value).endswith(
-        "use one of azureblob://, redis://, rediss://, sqlite:///, unix://"
+        "use one of azureblob://, postgres://, postgresql://, redis://, rediss://, sentinel://,"
+        " sqlite:///, unix://"
     )
 
 

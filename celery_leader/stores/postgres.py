@@ -1,0 +1,612 @@
+"""The lease store on PostgreSQL (``postgresql://user:password@host:port/dbname``).
+
+Install with ``pip install 'celery-leader[postgres]'`` (psycopg 3). The
+tables are created on first use; teams that manage schemas can create them
+beforehand with :data:`DDL` (the README prints it), and the store then needs
+only SELECT, INSERT, UPDATE, DELETE on them and USAGE on the sequence.
+
+How: one row per election in ``celery_leader_lease``, expiry on the
+server's clock (``clock_timestamp()``, in microseconds), acquire in one
+transaction that locks the election's row (``SELECT ... FOR UPDATE``) and
+applies :mod:`celery_leader.stores.rules`, renew and release as single
+compare-and-set ``UPDATE`` statements. Tokens come from the sequence
+``celery_leader_token_seq`` (never rolled back, kept on disk) as
+``max(nextval, server time in us, min + 1)``. A release sends
+``NOTIFY celery_leader_release`` with the election's name; each process
+keeps one ``LISTEN`` connection per database, whatever the number of
+elections it watches, so 200 followers in 10 processes use 10 listening
+connections plus one each for their calls.
+
+Data loss: a crash and a restart keep every committed row (the WAL), so they
+cost nothing. What can bring older data back: a restore from a backup, or a
+failover to an asynchronous standby that missed the last commits. The store
+records with each acquire the data's incarnation, the cluster's system
+identifier and its current timeline (a promotion or a point-in-time recovery
+starts a new one); an acquire that finds another incarnation, no record of
+the election (first use, or a restored database without it), or a lease gone
+before its recorded end (deleted by hand) holds the new holder off one ttl.
+A restore into the same timeline from an older backup is not told apart:
+do not restore a lease database in place without a new timeline (PostgreSQL's
+recovery always starts one).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from celery_leader._masking import mask_text, mask_url
+from celery_leader.exceptions import StoreCallTimeoutError, StoreError, StoreUnreachableError
+from celery_leader.stores import rules
+from celery_leader.stores.base import (
+    AcquireResult,
+    Capability,
+    Holder,
+    LeaseRecord,
+    LeaseStoreClass,
+    MissingExtraError,
+    Watch,
+)
+
+logger = logging.getLogger(__name__)
+
+#: The channel releases are announced on; the payload is the election's name.
+CHANNEL = "celery_leader_release"
+
+#: The schema, created on first use (under an advisory lock, so two workers starting at
+#: once do not race). Idempotent.
+DDL = """
+CREATE SEQUENCE IF NOT EXISTS celery_leader_token_seq;
+CREATE TABLE IF NOT EXISTS celery_leader_lease (
+    name text PRIMARY KEY,
+    lease_id text,
+    nodename text,
+    hostname text,
+    pid integer,
+    token bigint,
+    acquired_at double precision,
+    expires_at_us bigint NOT NULL DEFAULT 0,
+    hold_until_us bigint NOT NULL DEFAULT 0,
+    ttl_us bigint NOT NULL DEFAULT 0,
+    lease_end_us bigint NOT NULL DEFAULT 0,
+    incarnation text
+);
+CREATE TABLE IF NOT EXISTS celery_leader_state (
+    name text NOT NULL,
+    key text NOT NULL,
+    value text NOT NULL,
+    PRIMARY KEY (name, key)
+);
+CREATE OR REPLACE FUNCTION celery_leader_now_us() RETURNS bigint LANGUAGE sql VOLATILE
+    AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint $$;
+-- The data's incarnation: the cluster's identity and its current timeline.
+CREATE OR REPLACE FUNCTION celery_leader_incarnation() RETURNS text LANGUAGE sql VOLATILE
+    AS $$ SELECT (SELECT system_identifier::text FROM pg_control_system()) || ':'
+                 || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) $$;
+CREATE TABLE IF NOT EXISTS celery_leader_member (
+    grp text NOT NULL,
+    member text NOT NULL,
+    payload text NOT NULL,
+    expires_at_us bigint NOT NULL,
+    PRIMARY KEY (grp, member)
+);
+"""
+
+#: True when every object of DDL is there.
+_SCHEMA_COMPLETE = (
+    "SELECT to_regclass('celery_leader_token_seq') IS NOT NULL"
+    " AND to_regclass('celery_leader_lease') IS NOT NULL"
+    " AND to_regclass('celery_leader_state') IS NOT NULL"
+    " AND to_regclass('celery_leader_member') IS NOT NULL"
+    " AND to_regprocedure('celery_leader_now_us()') IS NOT NULL"
+    " AND to_regprocedure('celery_leader_incarnation()') IS NOT NULL"
+)
+_SCHEMA_LOCK = 0x63656C6C  # the advisory lock the schema is created under ("cell")
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg  # noqa: PLC0415 - an optional extra
+    except ImportError:
+        raise MissingExtraError("postgresql://", "postgres") from None
+    return psycopg
+
+
+class PostgresLeaseStore:
+    """Leases in PostgreSQL rows; see the module docstring for the guarantees."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {
+            Capability.RELEASE_NOTIFICATION,
+            Capability.SERVER_TIME,
+            Capability.FENCING_SURVIVES_DATA_LOSS,
+            Capability.MULTI_HOST,
+        }
+    )
+    schemes: ClassVar[tuple[str, ...]] = ("postgresql://", "postgres://")
+    extra: ClassVar[str | None] = "postgres"
+    ttl_range: ClassVar[tuple[float | None, float | None]] = (None, None)
+    default_renew_fraction: ClassVar[float] = 1 / 3
+    option_keys: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def validate_options(cls, options: Mapping[str, Any]) -> None:
+        """No options of its own."""
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, timeout: float, options: Mapping[str, Any] | None = None
+    ) -> PostgresLeaseStore:
+        """Open a store on *url*; a call gives up after about *timeout* seconds."""
+        return cls(url, timeout)
+
+    def __init__(self, url: str, timeout: float) -> None:
+        self._psycopg = _psycopg()
+        self._dsn = url
+        self.url = mask_url(url)
+        self._timeout = timeout
+        self._shared = _Connection.of(url, timeout)
+        self._closed = False
+
+    # -- the connection ---------------------------------------------------------
+
+    def _call(self, what: str, body: Callable[[Any], Any]) -> Any:
+        """*body* on the process's connection; errors become StoreError naming the store.
+
+        A connection that died while idle (a server restart, a proxy's idle
+        timeout) is only found out by using it: a call that fails that way on
+        a connection opened earlier is tried once more on a new one. Every
+        call here may run twice without harm: a renewal or a release is a
+        compare-and-set on the caller's own lease id, an acquire that did land
+        finds its own lease and takes it again.
+        """
+        psycopg = self._psycopg
+        shared = self._shared
+        if not shared.lock.acquire(timeout=self._timeout):
+            # Another call of this process holds the connection (a paused server).
+            raise StoreCallTimeoutError(self._message(what, TimeoutError("connection busy")))
+        try:
+            for retry in (True, False):
+                reused = shared.is_open()
+                try:
+                    return body(shared.connection())
+                except psycopg.errors.QueryCanceled as exc:
+                    shared.drop()
+                    raise StoreCallTimeoutError(self._message(what, exc)) from None
+                except psycopg.OperationalError as exc:
+                    shared.drop()
+                    if retry and reused:
+                        continue
+                    raise StoreUnreachableError(self._message(what, exc)) from None
+                except psycopg.Error as exc:
+                    shared.drop()
+                    raise StoreError(self._message(what, exc)) from None
+            raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+        finally:
+            shared.lock.release()
+
+    def _message(self, what: str, exc: BaseException) -> str:
+        detail = mask_text(str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+        return f"lease store {self.url}: {what} failed: {detail or type(exc).__name__}"
+
+    # -- the lease --------------------------------------------------------------
+
+    def acquire(self, name: str, holder: Holder, ttl: float, min_token: int = 0) -> AcquireResult:
+        """Take the lease when free, expired or ours, with a new token (one transaction)."""
+        ttl_us = int(ttl * 1e6)
+
+        def body(conn: Any) -> AcquireResult:
+            with conn.transaction():
+                conn.execute(
+                    "INSERT INTO celery_leader_lease (name) VALUES (%s) ON CONFLICT DO NOTHING",
+                    (name,),
+                )
+                row = conn.execute(
+                    "SELECT lease_id, nodename, hostname, pid, token, acquired_at, expires_at_us,"
+                    " hold_until_us, ttl_us, lease_end_us, incarnation, celery_leader_now_us(),"
+                    " celery_leader_incarnation() FROM celery_leader_lease WHERE name = %s"
+                    " FOR UPDATE",
+                    (name,),
+                ).fetchone()
+                lease_id, expires_at_us, hold_until_us = row[0], row[6], row[7]
+                lease_end_us, recorded, now_us, seen = row[9], row[10], row[11], row[12]
+                live = lease_id is not None and expires_at_us > now_us
+                own_hold_until = 0
+                if live:
+                    if lease_id != holder.lease_id:
+                        return AcquireResult(
+                            acquired=False,
+                            holder=_record(row, now_us),
+                            retry_in=(expires_at_us - now_us) / 1e6,
+                        )
+                    own_hold_until = int(hold_until_us)
+                forgot = rules.store_forgot(
+                    counter_missing=recorded is None,  # first use, or a database without its row
+                    data_replaced=recorded is not None and recorded != seen,
+                    vanished_early=rules.lease_vanished_early(live, int(lease_end_us), now_us),
+                )
+                hold_until, hold_off_us = rules.hold_off(
+                    now=now_us, ttl=ttl_us, own_hold_until=own_hold_until, forgot=forgot
+                )
+                (drawn,) = conn.execute("SELECT nextval('celery_leader_token_seq')").fetchone()
+                token = rules.next_token(int(drawn) - 1, now_us, min_token)
+                if token != drawn:
+                    conn.execute("SELECT setval('celery_leader_token_seq', %s)", (token,))
+                conn.execute(
+                    "UPDATE celery_leader_lease SET lease_id = %s, nodename = %s, hostname = %s,"
+                    " pid = %s, token = %s, acquired_at = %s, expires_at_us = %s,"
+                    " hold_until_us = %s, ttl_us = %s, lease_end_us = %s, incarnation = %s"
+                    " WHERE name = %s",
+                    (
+                        holder.lease_id,
+                        holder.nodename,
+                        holder.hostname,
+                        holder.pid,
+                        token,
+                        now_us / 1e6,
+                        now_us + ttl_us,
+                        hold_until,
+                        ttl_us,
+                        now_us + ttl_us,
+                        seen,
+                        name,
+                    ),
+                )
+            return AcquireResult(acquired=True, token=token, hold_off=hold_off_us / 1e6)
+
+        result: AcquireResult = self._call("acquire", body)
+        return result
+
+    def renew(self, name: str, lease_id: str, ttl: float) -> bool:
+        """Compare-and-set: extend our live lease (and its recorded end), one statement."""
+
+        def body(conn: Any) -> Any:
+            row = conn.execute(
+                "UPDATE celery_leader_lease SET expires_at_us = celery_leader_now_us() + %s,"
+                " lease_end_us = celery_leader_now_us() + %s"
+                " WHERE name = %s AND lease_id = %s AND expires_at_us > celery_leader_now_us()"
+                " RETURNING 1",
+                (int(ttl * 1e6), int(ttl * 1e6), name, lease_id),
+            ).fetchone()
+            return row is not None
+
+        answer: bool = self._call("renew", body)
+        return answer
+
+    def release(self, name: str, lease_id: str) -> bool:
+        """Compare-and-set: end our live lease and announce it (NOTIFY), one statement."""
+
+        def body(conn: Any) -> Any:
+            row = conn.execute(
+                "WITH ended AS (UPDATE celery_leader_lease SET lease_id = NULL,"
+                " expires_at_us = 0, lease_end_us = 0"
+                " WHERE name = %s AND lease_id = %s AND expires_at_us > celery_leader_now_us()"
+                " RETURNING name)"
+                " SELECT pg_notify(%s, name) FROM ended",
+                (name, lease_id, CHANNEL),
+            ).fetchone()
+            return row is not None
+
+        answer: bool = self._call("release", body)
+        return answer
+
+    def read(self, name: str) -> LeaseRecord | None:
+        """The live lease of *name*, or None."""
+
+        def body(conn: Any) -> Any:
+            row = conn.execute(
+                "SELECT lease_id, nodename, hostname, pid, token, acquired_at, expires_at_us,"
+                " hold_until_us, ttl_us, lease_end_us, incarnation, celery_leader_now_us()"
+                " FROM celery_leader_lease WHERE name = %s",
+                (name,),
+            ).fetchone()
+            if row is None or row[0] is None or row[6] <= row[11]:
+                return None
+            return _record(row, row[11])
+
+        record: LeaseRecord | None = self._call("read", body)
+        return record
+
+    def last_token(self, name: str) -> int | None:
+        """The token of the last term of *name*, or None when it never had one."""
+
+        def body(conn: Any) -> Any:
+            row = conn.execute(
+                "SELECT token FROM celery_leader_lease WHERE name = %s", (name,)
+            ).fetchone()
+            return None if row is None or row[0] is None else int(row[0])
+
+        token: int | None = self._call("read", body)
+        return token
+
+    # -- state beside the lease -------------------------------------------------
+
+    def get_state(self, name: str) -> dict[str, str]:
+        """Every key stored for *name*."""
+
+        def body(conn: Any) -> Any:
+            rows = conn.execute(
+                "SELECT key, value FROM celery_leader_state WHERE name = %s", (name,)
+            ).fetchall()
+            return {str(key): str(value) for key, value in rows}
+
+        state: dict[str, str] = self._call("get_state", body)
+        return state
+
+    def set_state(self, name: str, lease_id: str, key: str, value: str) -> bool:
+        """Set *key* while *lease_id* holds the live lease (one statement); False otherwise."""
+
+        def body(conn: Any) -> Any:
+            row = conn.execute(
+                "INSERT INTO celery_leader_state (name, key, value)"
+                " SELECT %s, %s, %s WHERE EXISTS (SELECT 1 FROM celery_leader_lease"
+                " WHERE name = %s AND lease_id = %s AND expires_at_us > celery_leader_now_us())"
+                " ON CONFLICT (name, key) DO UPDATE SET value = EXCLUDED.value RETURNING 1",
+                (name, key, value, name, lease_id),
+            ).fetchone()
+            return row is not None
+
+        answer: bool = self._call("set_state", body)
+        return answer
+
+    # -- members (balancing) ----------------------------------------------------
+
+    def announce(self, group: str, member: str, payload: str, ttl: float) -> dict[str, str]:
+        """See :class:`~celery_leader.stores.base.Presence`: on the server's clock."""
+
+        def body(conn: Any) -> Any:
+            with conn.transaction():
+                conn.execute(
+                    "INSERT INTO celery_leader_member (grp, member, payload, expires_at_us)"
+                    " VALUES (%s, %s, %s, celery_leader_now_us() + %s)"
+                    " ON CONFLICT (grp, member) DO UPDATE SET payload = EXCLUDED.payload,"
+                    " expires_at_us = EXCLUDED.expires_at_us",
+                    (group, member, payload, int(ttl * 1e6)),
+                )
+                conn.execute(
+                    "DELETE FROM celery_leader_member"
+                    " WHERE grp = %s AND expires_at_us <= celery_leader_now_us()",
+                    (group,),
+                )
+                rows = conn.execute(
+                    "SELECT member, payload FROM celery_leader_member WHERE grp = %s", (group,)
+                ).fetchall()
+            return {str(m): str(p) for m, p in rows}
+
+        members: dict[str, str] = self._call("presence", body)
+        return members
+
+    def withdraw(self, group: str, member: str) -> None:
+        """See :class:`~celery_leader.stores.base.Presence`."""
+
+        def body(conn: Any) -> Any:
+            conn.execute(
+                "DELETE FROM celery_leader_member WHERE grp = %s AND member = %s", (group, member)
+            )
+            return None
+
+        self._call("presence", body)
+
+    # -- release notifications --------------------------------------------------
+
+    def watch(self, name: str, callback: Callable[[], None]) -> Watch:
+        """Call back on every release of *name*, and once per (re)subscription."""
+        return _listener_for(self._dsn, self._timeout).add(name, callback)
+
+    def close(self) -> None:
+        """Let go of the process's connection (closed with the last store that used it)."""
+        if not self._closed:
+            self._closed = True
+            self._shared.release()
+
+
+def _connect(dsn: str, timeout: float, application: str) -> Any:
+    """A connection whose calls and whose silence are bounded by about *timeout* seconds."""
+    millis = max(1, int(timeout * 1000))
+    return _psycopg().connect(
+        dsn,
+        autocommit=True,
+        connect_timeout=max(1, int(timeout + 0.999)),
+        # A statement that waits on a lock or a slow server gives up within the timeout;
+        # a peer that went silent is noticed in seconds, not in TCP's two hours.
+        options=f"-c statement_timeout={millis} -c lock_timeout={millis}",
+        keepalives=1,
+        keepalives_idle=1,
+        keepalives_interval=1,
+        keepalives_count=3,
+        tcp_user_timeout=max(millis, 1000),
+        application_name=application,
+    )
+
+
+class _Connection:
+    """One connection per database per process, shared by every store object on it.
+
+    A worker in many elections (or a benchmark with 200 followers) then uses
+    one connection for its calls and one to listen, not one per election:
+    PostgreSQL's default ``max_connections`` is 100. Calls take turns (the
+    lock); each is short.
+    """
+
+    _registry: ClassVar[dict[tuple[str, float], _Connection]] = {}
+    _registry_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, dsn: str, timeout: float) -> None:
+        self.key = (dsn, timeout)
+        self.lock = threading.Lock()
+        self.users = 0
+        self._conn: Any = None
+
+    @classmethod
+    def of(cls, dsn: str, timeout: float) -> _Connection:
+        with cls._registry_lock:
+            shared = cls._registry.get((dsn, timeout))
+            if shared is None:
+                shared = cls._registry[dsn, timeout] = cls(dsn, timeout)
+            shared.users += 1
+            return shared
+
+    @classmethod
+    def forget_all(cls) -> None:
+        """In a forked child: the parent's connections are not this process's to use."""
+        cls._registry = {}
+        cls._registry_lock = threading.Lock()
+
+    def is_open(self) -> bool:
+        """A connection was opened and not closed since (it may have died unnoticed)."""
+        return self._conn is not None and not self._conn.closed
+
+    def connection(self) -> Any:
+        """The open connection (opened, with the schema made sure of, when needed)."""
+        if self._conn is None or self._conn.closed:
+            conn = _connect(self.key[0], self.key[1], "celery-leader")
+            # Every new connection makes sure of the schema (connections are rare): a
+            # database restored or recreated without the tables gets them back. Only what
+            # is missing needs CREATE: a schema made beforehand needs no such privilege.
+            (complete,) = conn.execute(_SCHEMA_COMPLETE).fetchone()
+            if not complete:
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                    conn.execute(DDL)
+            self._conn = conn
+        return self._conn
+
+    def drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # a broken connection may fail to close
+                logger.debug("closing a broken connection failed", exc_info=True)
+
+    def release(self) -> None:
+        with self._registry_lock:
+            self.users -= 1
+            if self.users > 0:
+                return
+            self._registry.pop(self.key, None)
+        with self.lock:
+            self.drop()
+
+
+def _record(row: Any, now_us: int) -> LeaseRecord:
+    ttl_us = int(row[8] or 0)
+    expires_in = (int(row[6]) - now_us) / 1e6
+    return LeaseRecord(
+        nodename=str(row[1]),
+        hostname=str(row[2]),
+        pid=int(row[3]),
+        token=int(row[4]),
+        acquired_at=float(row[5]),
+        expires_in=expires_in,
+        hold_off=max(0.0, (int(row[7]) - now_us) / 1e6),
+        renewed_ago=max(0.0, ttl_us / 1e6 - expires_in) if ttl_us else None,
+    )
+
+
+class _Subscription:
+    """One watch of one election on the shared listener."""
+
+    def __init__(self, listener: _Listener, name: str, callback: Callable[[], None]) -> None:
+        self.listener = listener
+        self.name = name
+        self.callback = callback
+        self.closed = False
+
+    def notify(self) -> None:
+        if self.closed:
+            return
+        try:
+            self.callback()
+        except Exception:
+            logger.exception("release watch callback failed")
+
+    def close(self) -> None:
+        self.closed = True
+        self.listener.remove(self)
+
+
+class _Listener:
+    """One ``LISTEN`` connection and thread per database per process, for every watch.
+
+    Each (re)connection calls every watch back once: a release sent while
+    the connection was down reached no one. A failed connection is retried
+    with a backoff of up to 2 s. The thread ends once no watch is left.
+    """
+
+    def __init__(self, dsn: str, timeout: float) -> None:
+        self._dsn = dsn
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._subscriptions: list[_Subscription] = []
+        self._thread: threading.Thread | None = None
+
+    def add(self, name: str, callback: Callable[[], None]) -> _Subscription:
+        subscription = _Subscription(self, name, callback)
+        with self._lock:
+            self._subscriptions.append(subscription)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="celery-leader-watch[postgres]", daemon=True
+                )
+                self._thread.start()
+                return subscription  # the thread calls every watch back once it listens
+        subscription.notify()  # already listening: the lease may be free now
+        return subscription
+
+    def remove(self, subscription: _Subscription) -> None:
+        with self._lock:
+            if subscription in self._subscriptions:
+                self._subscriptions.remove(subscription)
+
+    def _watching(self) -> list[_Subscription]:
+        with self._lock:
+            return list(self._subscriptions)
+
+    def _run(self) -> None:
+        failures = 0
+        while self._watching():
+            try:
+                with _connect(self._dsn, self._timeout, "celery-leader-watch") as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    failures = 0
+                    for subscription in self._watching():
+                        subscription.notify()
+                    while self._watching():
+                        for notice in conn.notifies(timeout=1.0):
+                            for subscription in self._watching():
+                                if subscription.name == notice.payload:
+                                    subscription.notify()
+            except Exception as exc:  # noqa: BLE001 - the watch must outlive any failure
+                failures += 1
+                logger.debug("release watch interrupted: %s", mask_text(str(exc)))
+                threading.Event().wait(min(0.1 * 2**failures, 2.0))
+
+
+_listeners: dict[str, _Listener] = {}
+_listeners_lock = threading.Lock()
+
+
+def _forget_after_fork() -> None:
+    global _listeners_lock  # noqa: PLW0603 - the child's own registries
+    _listeners.clear()
+    _listeners_lock = threading.Lock()
+    _Connection.forget_all()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _listener_for(dsn: str, timeout: float) -> _Listener:
+    with _listeners_lock:
+        listener = _listeners.get(dsn)
+        if listener is None:
+            listener = _listeners[dsn] = _Listener(dsn, timeout)
+        return listener
+
+
+#: The class declares what the registry, the settings and the tests read (checked by mypy).
+_DECLARES: LeaseStoreClass = PostgresLeaseStore
