@@ -14,7 +14,17 @@ MASK = "***"
 
 #: Query parameters whose values are secrets (Redis passwords, SAS tokens).
 _SECRET_QUERY_KEYS = frozenset(
-    {"password", "pass", "pwd", "sig", "secret", "token", "accountkey", "sharedaccesssignature"}
+    {
+        "password",
+        "pass",
+        "pwd",
+        "sig",
+        "secret",
+        "token",
+        "accountkey",
+        "sharedaccesssignature",
+        "sslpassword",
+    }
 )
 
 _CONNECTION_STRING_SECRET = re.compile(
@@ -29,9 +39,10 @@ def mask_url(url: str) -> str:
     Keeps scheme, user name, host, port, path and harmless query values, so
     the result still tells an operator which store is meant.
     """
-    if ";" in url and "://" in url.split(";", 1)[1]:
+    if _SEVERAL_URLS.search(url):
         # Several URLs in one (kombu's form for sentinels): each is masked on its own.
-        return ";".join(mask_url(part) for part in url.split(";"))
+        return ";".join(mask_url(part) for part in split_urls(url))
+    url = _hide_ambiguous_userinfo(url)
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -41,7 +52,7 @@ def mask_url(url: str) -> str:
         userinfo, _, hostinfo = netloc.rpartition("@")
         user, sep, _password = userinfo.partition(":")
         netloc = f"{user}{sep}{MASK if sep else ''}@{hostinfo}"
-        if not sep and user and parts.scheme.startswith(("redis", "unix")):
+        if not sep and user and parts.scheme.startswith(("redis", "unix", "sentinel")):
             # redis://secret@host means "password only" to redis-py.
             netloc = f"{MASK}@{hostinfo}"
     query = parts.query
@@ -55,6 +66,37 @@ def mask_url(url: str) -> str:
         # urlunsplit drops an empty authority: keep sqlite:///path and unix:///path intact.
         masked = f"{parts.scheme}://" + masked[len(parts.scheme) + 1 :]
     return masked
+
+
+#: The boundary between two URLs written as one (``sentinel://a;sentinel://b``).
+_SEVERAL_URLS = re.compile(r";(?=[a-z][a-z0-9+.-]*://)")
+
+
+def split_urls(url: str) -> list[str]:
+    """The URLs of kombu's ``sentinel://a;sentinel://b`` form (a ``;`` in a password stays)."""
+    return _SEVERAL_URLS.split(url)
+
+
+def _hide_ambiguous_userinfo(url: str) -> str:
+    """*url* with a password that would end the authority early (``/``, ``?``, ``#``) masked.
+
+    ``postgresql://u:SEC/RET@host/db`` parses as host ``u:SEC``, path
+    ``/RET@host/db``: the password would stay in the clear. Whatever lies
+    between ``user:`` and the last ``@`` before the query is the password.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    head = rest.split("?", 1)[0]
+    at = head.rfind("@")
+    if at < 0:
+        return url
+    userinfo = head[:at]
+    if not any(c in userinfo for c in "/?#"):
+        return url
+    user, colon, _password = userinfo.partition(":")
+    masked_userinfo = f"{user}:{MASK}" if colon else MASK
+    return f"{scheme}://{masked_userinfo}{rest[at:]}"
 
 
 def mask_text(text: str) -> str:

@@ -23,6 +23,7 @@ from celery_leader.exceptions import ConfigurationError
 from celery_leader.lease.timing import LeaseTiming
 from celery_leader.observe.health import DEFAULT_STUCK_AFTER
 from celery_leader.stores.registry import shared_store_urls, store_class, validate_store_options
+from celery_leader.stores.sentinel import parse_sentinel_url
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -387,6 +388,11 @@ def _sentinel_from_broker(
     """
     if urlsplit(url).scheme != "sentinel":
         return {}
+    # Only for the broker's own sentinels: another deployment's name and password would
+    # be wrong, and the password must not travel to sentinels it was not meant for.
+    broker = conf.get("broker_url") or ""
+    if not isinstance(broker, str) or _sentinel_hosts(broker) != _sentinel_hosts(url):
+        return {}
     transport = conf.get("broker_transport_options") or {}
     if not isinstance(transport, Mapping):
         return {}
@@ -396,6 +402,16 @@ def _sentinel_from_broker(
     if "leader_sentinel_kwargs" not in given and transport.get("sentinel_kwargs"):
         found["leader_sentinel_kwargs"] = transport["sentinel_kwargs"]
     return found
+
+
+def _sentinel_hosts(url: str) -> frozenset[tuple[str, int]] | None:
+    """The sentinels a ``sentinel://`` URL lists; None for any other URL or a bad one."""
+    if urlsplit(url).scheme != "sentinel":
+        return None
+    try:
+        return frozenset(parse_sentinel_url(url).sentinels)
+    except ConfigurationError:
+        return None
 
 
 @_spelled_as_given

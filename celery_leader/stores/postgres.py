@@ -17,26 +17,33 @@ keeps one ``LISTEN`` connection per database, whatever the number of
 elections it watches, so 200 followers in 10 processes use 10 listening
 connections plus one each for their calls.
 
-Data loss: a crash and a restart keep every committed row (the WAL), so they
-cost nothing. What can bring older data back: a restore from a backup, or a
-failover to an asynchronous standby that missed the last commits. The store
-records with each acquire the data's incarnation, the cluster's system
-identifier and its current timeline (a promotion or a point-in-time recovery
-starts a new one); an acquire that finds another incarnation, no record of
-the election (first use, or a restored database without it), or a lease gone
-before its recorded end (deleted by hand) holds the new holder off one ttl.
-A restore into the same timeline from an older backup is not told apart:
-do not restore a lease database in place without a new timeline (PostgreSQL's
-recovery always starts one).
+Data loss: older data can come back under the lease (a file-system snapshot
+restored, a dump loaded, a failover to an asynchronous standby that missed
+the last commits, a crash of a server run with ``synchronous_commit = off``).
+The store records with each acquire the data's incarnation: the cluster's
+system identifier, its current timeline (a promotion or a recovery starts a
+new one) and the server's start time (any restart: it cannot tell one that
+lost nothing from one that did). An acquire that finds another incarnation,
+no record of the election (first use, or a database without its row), or a
+lease gone before its recorded end (deleted by hand) holds the new holder
+off one ttl. The store's sessions commit synchronously whatever the server's
+default. Not told apart: a dump loaded into the same running server.
+
+Timeouts: ``statement_timeout`` and ``lock_timeout`` end slow statements on
+the server; a call that gets no answer at all (a paused server, a partition
+TCP does not notice) is ended by shutting its socket down at the deadline.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from typing import Any, ClassVar
+from urllib.parse import parse_qsl, unquote
 
 from celery_leader._masking import mask_text, mask_url
 from celery_leader.exceptions import StoreCallTimeoutError, StoreError, StoreUnreachableError
@@ -82,10 +89,11 @@ CREATE TABLE IF NOT EXISTS celery_leader_state (
 );
 CREATE OR REPLACE FUNCTION celery_leader_now_us() RETURNS bigint LANGUAGE sql VOLATILE
     AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint $$;
--- The data's incarnation: the cluster's identity and its current timeline.
+-- The data's incarnation: the cluster's identity, its timeline and the server's start.
 CREATE OR REPLACE FUNCTION celery_leader_incarnation() RETURNS text LANGUAGE sql VOLATILE
     AS $$ SELECT (SELECT system_identifier::text FROM pg_control_system()) || ':'
-                 || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) $$;
+                 || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) || ':'
+                 || pg_postmaster_start_time()::text $$;
 CREATE TABLE IF NOT EXISTS celery_leader_member (
     grp text NOT NULL,
     member text NOT NULL,
@@ -156,30 +164,48 @@ class PostgresLeaseStore:
     def _call(self, what: str, body: Callable[[Any], Any]) -> Any:
         """*body* on the process's connection; errors become StoreError naming the store.
 
+        A call never outlasts the timeout by much: ``statement_timeout`` ends
+        a slow statement on the server, and a deadline here ends the wait on a
+        server that does not answer at all (paused, partitioned: TCP keeps the
+        silent connection open) by shutting the connection's socket down.
+
         A connection that died while idle (a server restart, a proxy's idle
         timeout) is only found out by using it: a call that fails that way on
-        a connection opened earlier is tried once more on a new one. Every
-        call here may run twice without harm: a renewal or a release is a
+        a connection opened earlier is tried once more on a new one (never
+        after the deadline, nor after an error the server sent). Every call
+        here may run twice without harm: a renewal or a release is a
         compare-and-set on the caller's own lease id, an acquire that did land
         finds its own lease and takes it again.
         """
+        if self._closed:
+            raise StoreError(f"lease store {self.url}: {what} after close()")
         psycopg = self._psycopg
         shared = self._shared
         if not shared.lock.acquire(timeout=self._timeout):
-            # Another call of this process holds the connection (a paused server).
+            # Another call of this process holds the connection (a server that hangs).
             raise StoreCallTimeoutError(self._message(what, TimeoutError("connection busy")))
         try:
             for retry in (True, False):
                 reused = shared.is_open()
+                deadline = _Deadline(self._timeout)
                 try:
-                    return body(shared.connection())
+                    conn = shared.connection()
+                    with deadline.on(conn):
+                        return body(conn)
                 except psycopg.errors.QueryCanceled as exc:
                     shared.drop()
                     raise StoreCallTimeoutError(self._message(what, exc)) from None
                 except psycopg.OperationalError as exc:
                     shared.drop()
-                    if retry and reused:
-                        continue
+                    if deadline.passed:
+                        raise StoreCallTimeoutError(
+                            self._message(what, TimeoutError(f"no answer in {self._timeout:g} s"))
+                        ) from None
+                    # Client-side failures, connection exceptions (08) and a server
+                    # that ended the session (57): the connection had died while idle.
+                    lost = exc.sqlstate is None or exc.sqlstate.startswith(("08", "57"))
+                    if retry and reused and lost:
+                        continue  # once more, on a new connection
                     raise StoreUnreachableError(self._message(what, exc)) from None
                 except psycopg.Error as exc:
                     shared.drop()
@@ -189,7 +215,12 @@ class PostgresLeaseStore:
             shared.lock.release()
 
     def _message(self, what: str, exc: BaseException) -> str:
-        detail = mask_text(str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+        text = str(exc).strip()
+        detail = text.splitlines()[0] if text else ""
+        # libpq may quote parts of the URL back (a badly encoded password): mask them.
+        for secret in _secrets_of(self._dsn):
+            detail = detail.replace(secret, "***")
+        detail = mask_text(detail)
         return f"lease store {self.url}: {what} failed: {detail or type(exc).__name__}"
 
     # -- the lease --------------------------------------------------------------
@@ -303,7 +334,7 @@ class PostgresLeaseStore:
                 " FROM celery_leader_lease WHERE name = %s",
                 (name,),
             ).fetchone()
-            if row is None or row[0] is None or row[6] <= row[11]:
+            if row is None or row[0] is None or row[6] <= row[11] or row[1] is None:
                 return None
             return _record(row, row[11])
 
@@ -403,6 +434,49 @@ class PostgresLeaseStore:
             self._shared.release()
 
 
+_SHORTEST = 3
+
+
+def _secrets_of(dsn: str) -> list[str]:
+    """The password of *dsn*, as written and decoded (to mask wherever it is quoted)."""
+    head = dsn.partition("://")[2].split("?", 1)[0]
+    userinfo = head[: head.rfind("@")] if "@" in head else ""
+    password = userinfo.partition(":")[2]
+    found = [password, unquote(password)] if password else []
+    query = dsn.partition("?")[2]
+    found += [v for k, v in parse_qsl(query) if k.lower() in ("password", "sslpassword") and v]
+    # A password of one or two characters would mask half of every message; it is no
+    # secret worth the name either.
+    return sorted({secret for secret in found if len(secret) >= _SHORTEST}, key=len, reverse=True)
+
+
+class _Deadline:
+    """Ends a call that has no answer after *seconds* by shutting its socket down."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.passed = False
+
+    @contextmanager
+    def on(self, conn: Any) -> Iterator[None]:
+        def expire() -> None:
+            self.passed = True
+            try:
+                fd = os.dup(conn.fileno())
+            except (OSError, ValueError, Exception):  # noqa: BLE001 - closed meanwhile
+                return
+            with socket.socket(fileno=fd) as sock, suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+        timer = threading.Timer(self.seconds, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+
+
 def _connect(dsn: str, timeout: float, application: str) -> Any:
     """A connection whose calls and whose silence are bounded by about *timeout* seconds."""
     millis = max(1, int(timeout * 1000))
@@ -412,7 +486,9 @@ def _connect(dsn: str, timeout: float, application: str) -> Any:
         connect_timeout=max(1, int(timeout + 0.999)),
         # A statement that waits on a lock or a slow server gives up within the timeout;
         # a peer that went silent is noticed in seconds, not in TCP's two hours.
-        options=f"-c statement_timeout={millis} -c lock_timeout={millis}",
+        # synchronous_commit on: an acquire is acknowledged only once it is on disk (and
+        # on synchronous standbys), whatever the server's default says.
+        options=f"-c statement_timeout={millis} -c lock_timeout={millis} -c synchronous_commit=on",
         keepalives=1,
         keepalives_idle=1,
         keepalives_interval=1,
@@ -439,6 +515,7 @@ class _Connection:
         self.lock = threading.Lock()
         self.users = 0
         self._conn: Any = None
+        self._pid = os.getpid()
 
     @classmethod
     def of(cls, dsn: str, timeout: float) -> _Connection:
@@ -457,10 +534,18 @@ class _Connection:
 
     def is_open(self) -> bool:
         """A connection was opened and not closed since (it may have died unnoticed)."""
+        self._forget_if_forked()
         return self._conn is not None and not self._conn.closed
+
+    def _forget_if_forked(self) -> None:
+        # A store object inherited over fork holds the parent's session: never use it (the
+        # parent would see its calls answered out of order) nor close it (that ends it).
+        if self._pid != os.getpid():
+            self._pid, self._conn = os.getpid(), None
 
     def connection(self) -> Any:
         """The open connection (opened, with the schema made sure of, when needed)."""
+        self._forget_if_forked()
         if self._conn is None or self._conn.closed:
             conn = _connect(self.key[0], self.key[1], "celery-leader")
             # Every new connection makes sure of the schema (connections are rare): a
@@ -475,6 +560,7 @@ class _Connection:
         return self._conn
 
     def drop(self) -> None:
+        self._forget_if_forked()
         conn, self._conn = self._conn, None
         if conn is not None:
             try:
@@ -488,8 +574,12 @@ class _Connection:
             if self.users > 0:
                 return
             self._registry.pop(self.key, None)
-        with self.lock:
-            self.drop()
+        # A call that hangs holds the lock until its deadline: wait that long, no longer.
+        if self.lock.acquire(timeout=self.key[1] * 2 + 1):
+            try:
+                self.drop()
+            finally:
+                self.lock.release()
 
 
 def _record(row: Any, now_us: int) -> LeaseRecord:
@@ -548,7 +638,7 @@ class _Listener:
         subscription = _Subscription(self, name, callback)
         with self._lock:
             self._subscriptions.append(subscription)
-            if self._thread is None or not self._thread.is_alive():
+            if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="celery-leader-watch[postgres]", daemon=True
                 )
@@ -566,9 +656,21 @@ class _Listener:
         with self._lock:
             return list(self._subscriptions)
 
+    def _keep_running(self) -> bool:
+        """False once no watch is left, and the thread then ends.
+
+        Decided under the lock, so a watch added meanwhile starts a new thread
+        instead of waiting on this one.
+        """
+        with self._lock:
+            if self._subscriptions:
+                return True
+            self._thread = None
+            return False
+
     def _run(self) -> None:
         failures = 0
-        while self._watching():
+        while self._keep_running():
             try:
                 with _connect(self._dsn, self._timeout, "celery-leader-watch") as conn:
                     conn.execute(f"LISTEN {CHANNEL}")

@@ -21,7 +21,13 @@ It always has another run id and replication id, so the next acquire there
 sees another incarnation of the data, holds the new holder off one ttl and
 takes its token from ``max(last + 1, server time, min + 1)``: the old holder,
 which cannot renew on a server that never saw its lease, has declared loss
-by then. Tokens keep rising as long as the servers' clocks agree to within
+by then. Not covered: a partition that leaves the old holder with the old
+primary, which it keeps renewing on while the others promote a replica.
+redis-py asks the sentinels only when it opens a connection, so nothing
+tells the holder. Configure the primary with ``min-replicas-to-write 1`` and
+``min-replicas-max-lag`` below the ttl (it then refuses the renewals it
+cannot replicate, and the holder declares loss in time), or fence the
+work (tokens keep rising). Tokens keep rising as long as the servers' clocks agree to within
 the time since the last token was granted (they are microseconds of server
 time). A failover while no one leads costs nothing.
 """
@@ -29,7 +35,7 @@ time). A failover while no one leads costs nothing.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import redis
@@ -37,7 +43,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from celery_leader._masking import mask_url
+from celery_leader._masking import mask_url, split_urls
 from celery_leader.exceptions import ConfigurationError
 from celery_leader.stores.base import LeaseStoreClass
 from celery_leader.stores.redis import RedisLeaseStore
@@ -48,16 +54,27 @@ MASTER_NAME = "leader_sentinel_master_name"
 SENTINEL_KWARGS = "leader_sentinel_kwargs"
 
 
-def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str | None, int, str | None]:
-    """(sentinels, password, db, master_name) of a ``sentinel://`` URL.
+class SentinelURL(NamedTuple):
+    """What a ``sentinel://`` URL says."""
+
+    sentinels: list[tuple[str, int]]
+    username: str | None
+    password: str | None
+    db: int
+    master_name: str | None
+
+
+def parse_sentinel_url(url: str) -> SentinelURL:
+    """The sentinels, the primary's credentials, db and name of a ``sentinel://`` URL.
 
     Raises :class:`~celery_leader.exceptions.ConfigurationError` naming the form.
     """
     sentinels: list[tuple[str, int]] = []
+    username: str | None = None
     password: str | None = None
     db = 0
     master_name: str | None = None
-    for piece in url.split(";"):
+    for piece in split_urls(url):
         part = piece.strip()
         if not part:
             continue
@@ -71,6 +88,9 @@ def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str | None, int
         sentinels.append((split.hostname, port))
         if split.password and password is None:
             password = unquote(split.password)
+            username = unquote(split.username) if split.username else None
+        elif split.username and not split.password and password is None:
+            password = unquote(split.username)  # sentinel://secret@host: a password alone
         path = split.path.strip("/")
         if path:
             if not path.isdigit():
@@ -80,7 +100,7 @@ def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str | None, int
         master_name = query.get("master_name") or master_name
     if not sentinels:
         raise ConfigurationError(_bad_url(url, "no sentinel is listed"))
-    return sentinels, password, db, master_name
+    return SentinelURL(sentinels, username, password, db, master_name)
 
 
 def _bad_url(url: str, why: str) -> str:
@@ -123,8 +143,8 @@ class SentinelLeaseStore(RedisLeaseStore):
         """
         options = options or {}
         cls.validate_options(options)
-        sentinels, password, db, master_name = parse_sentinel_url(url)
-        master_name = master_name or options.get(MASTER_NAME)
+        parsed = parse_sentinel_url(url)
+        master_name = parsed.master_name or options.get(MASTER_NAME)
         if not master_name:
             raise ConfigurationError(
                 f"leader_backend_url={mask_url(url)} names no primary: add "
@@ -137,14 +157,15 @@ class SentinelLeaseStore(RedisLeaseStore):
             "retry": Retry(NoBackoff(), 0),
         }
         sentinel = Sentinel(  # type: ignore[no-untyped-call]
-            sentinels,
+            parsed.sentinels,
             sentinel_kwargs={**connection, **dict(options.get(SENTINEL_KWARGS) or {})},
             **connection,
         )
         client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
             master_name,
-            db=db,
-            password=password,
+            db=parsed.db,
+            username=parsed.username,
+            password=parsed.password,
             decode_responses=True,
             client_name="celery-leader",
             **connection,

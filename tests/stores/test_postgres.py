@@ -77,3 +77,62 @@ def test_the_documented_schema_is_the_one_the_store_creates(server):
         assert again.token is not None and first.token is not None and again.token > first.token
     finally:
         store.close()
+
+
+def test_a_paused_server_ends_a_call_at_its_deadline_and_the_store_recovers(server):
+    """SIGSTOP of every PostgreSQL process: TCP keeps the connection open and no
+    statement_timeout can fire, so the client's own deadline must end the call."""
+    from celery_leader.exceptions import StoreError
+
+    store = open_store(server.url, timeout=1.0)
+    try:
+        assert store.acquire("job", Holder("a", "n", "h", 1), 5.0).acquired
+        server.pause()
+        started = time.monotonic()
+        with pytest.raises(StoreError):
+            store.renew("job", "a", 5.0)
+        assert time.monotonic() - started < 3.0, "the call outlived its deadline"
+        server.resume()
+        assert store.renew("job", "a", 5.0), "a new connection after the deadline"
+    finally:
+        server.resume()
+        store.close()
+
+
+def test_a_restart_of_the_server_holds_the_next_holder_off(server):
+    """The store cannot tell a restart that lost nothing from one that did (a snapshot
+    restored, commits acknowledged but not on disk): the next holder waits one ttl."""
+    store = open_store(server.url, timeout=2.0)
+    try:
+        first = store.acquire("job", Holder("a", "n", "h", 1), 1.0)
+        assert first.acquired
+        assert store.release("job", "a")
+        assert store.acquire("job", Holder("b", "n", "h", 1), 1.0).hold_off == 0
+        server.kill()
+        server.start()
+        time.sleep(1.1)  # b's lease ran out
+        after = store.acquire("job", Holder("c", "n", "h", 1), 2.0)
+        assert after.acquired and after.hold_off >= 1.9, after
+    finally:
+        store.close()
+
+
+def test_no_password_in_an_error_even_when_libpq_quotes_the_url():
+    from celery_leader.exceptions import StoreError
+
+    store = open_store("postgresql://u:p%zzS3CRET@127.0.0.1:1/db", timeout=1.0)
+    try:
+        with pytest.raises(StoreError) as found:
+            store.read("job")
+        assert "S3CRET" not in str(found.value) and "S3CRET" not in store.url
+    finally:
+        store.close()
+
+
+def test_a_call_after_close_is_refused(server):
+    from celery_leader.exceptions import StoreError
+
+    store = open_store(server.url, timeout=1.0)
+    store.close()
+    with pytest.raises(StoreError, match="after close"):
+        store.read("job")

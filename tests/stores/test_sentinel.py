@@ -17,10 +17,15 @@ URL = "sentinel://:s3cret@10.0.0.1:26379;sentinel://:s3cret@10.0.0.2:26380/2?mas
 
 
 def test_the_url_lists_every_sentinel_and_names_the_primary():
-    sentinels, password, db, master = parse_sentinel_url(URL)
-    assert sentinels == [("10.0.0.1", 26379), ("10.0.0.2", 26380)]
-    assert (password, db, master) == ("s3cret", 2, "main")
-    assert parse_sentinel_url("sentinel://h")[0] == [("h", 26379)], "the sentinel default port"
+    parsed = parse_sentinel_url(URL)
+    assert parsed.sentinels == [("10.0.0.1", 26379), ("10.0.0.2", 26380)]
+    assert (parsed.password, parsed.db, parsed.master_name) == ("s3cret", 2, "main")
+    assert parse_sentinel_url("sentinel://h").sentinels == [("h", 26379)], "the default port"
+    acl = parse_sentinel_url("sentinel://app:pw@h:1;sentinel://app:pw@h:2")
+    assert (acl.username, acl.password) == ("app", "pw"), "an ACL user, as kombu passes it"
+    assert parse_sentinel_url("sentinel://secret@h:1").password == "secret", "password alone"
+    semicolon = parse_sentinel_url("sentinel://:pa;ss@h:1;sentinel://:pa;ss@h:2")
+    assert semicolon.password == "pa;ss" and len(semicolon.sentinels) == 2
 
 
 @pytest.mark.parametrize(
@@ -37,10 +42,19 @@ def test_a_bad_url_names_the_form(url, why):
     assert why in str(found.value) and "sentinel://[:password@]host:port" in str(found.value)
 
 
-def test_every_password_in_the_url_is_masked():
-    masked = mask_url(URL)
-    assert "s3cret" not in masked
-    assert masked.count("***") == 2 and "10.0.0.2:26380" in masked
+@pytest.mark.parametrize(
+    "url",
+    [
+        URL,
+        "sentinel://s3cret@h:1;sentinel://s3cret@h:2/0",
+        "sentinel://:pa;s3cret@h:1;sentinel://:pa;s3cret@h:2",
+        "postgresql://u:se/s3cret@h:5432/db",
+        "postgresql://u@h/db?sslpassword=s3cret",
+    ],
+)
+def test_every_password_in_the_url_is_masked(url):
+    masked = mask_url(url)
+    assert "s3cret" not in masked and "***" in masked, masked
 
 
 def test_without_a_primary_name_the_error_says_where_to_set_it():
@@ -58,6 +72,8 @@ def test_the_primary_name_comes_from_the_broker_transport_options():
     assert settings.backend_url.startswith("sentinel://"), "a Sentinel broker is the default"
     assert settings.store_options["leader_sentinel_master_name"] == "main"
     assert settings.store_options["leader_sentinel_kwargs"] == {"x": 1}
+    other = load_app_settings({**conf, "leader_backend_url": "sentinel://10.1.1.1:26379"}, "proj")
+    assert "leader_sentinel_master_name" not in other.store_options, "not the broker's sentinels"
     given = load_app_settings({**conf, "leader_sentinel_master_name": "own"}, "proj")
     assert given.store_options["leader_sentinel_master_name"] == "own", "its own key first"
     with pytest.raises(ConfigurationError, match="leader_sentinel_master_name=5 is not allowed"):
