@@ -113,9 +113,10 @@ def test_sigkill_leader_under_stream_fails_over_without_loss(cluster_for, broker
     else:
         # kombu's Redis transport loses a message that the killed worker had
         # popped (BRPOP) but not yet recorded as unacked: no worker ever
-        # received it. That window, and only it, is tolerated here.
+        # received it. That window, and only it, is tolerated here: at most
+        # what the worker may reserve at once (-c 2 x prefetch multiplier 1).
         logs = "".join(w.text() for w in cluster.workers)
-        assert len(lost) <= 1, f"lost: {lost}"
+        assert len(lost) <= 2, f"lost: {lost}"
         assert all(stream.ids[i] not in logs for i in lost), "a received message was lost"
     old_tokens = {x["token"] for x in runs(rows) if x["worker"] == old.nodename}
     new_tokens = {x["token"] for x in runs(rows) if x["worker"] != old.nodename}
