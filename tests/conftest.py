@@ -44,6 +44,10 @@ SERIAL = (
     "tests/integration/test_django_beat.py::test_django_celery_beat_fails_over_without_early",
     # A dead worker's elections move within ttl + 4 s.
     "tests/integration/test_named_elections.py::test_six_elections_spread_over_three_workers",
+    # A beat loading thousands of entries must keep ticking (its liveness) within its ttl.
+    "tests/beat/test_django_beat_state.py::test_taking_over_thousands_of_entries_keeps_the_lease",
+    # A status command that starts within 1.5 renew intervals of an acquire.
+    "tests/test_cli_status.py::test_status_shows_the_last_renewal_and_marks_a_silent_holder",
 )
 
 
