@@ -139,7 +139,9 @@ def main() -> None:
     rows: list[tuple[str, str, tuple[float, float, float]]] = []
     with tempfile.TemporaryDirectory() as scratch:
         for label, running in STORES.items():
-            with running(Path(scratch) / label.replace(" ", "-")) as (url, fail):
+            workdir = Path(scratch) / label.replace(" ", "-")
+            workdir.mkdir()
+            with running(workdir) as (url, fail):
                 for what, values in latencies(url).items():
                     rows.append((label, f"{what}, ms", spread([v * 1000 for v in values])))
                 for what, sig in (("takeover after crash, s", signal.SIGKILL),
