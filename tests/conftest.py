@@ -48,6 +48,8 @@ SERIAL = (
     "tests/beat/test_django_beat_state.py::test_taking_over_thousands_of_entries_keeps_the_lease",
     # A status command that starts within 1.5 renew intervals of an acquire.
     "tests/test_cli_status.py::test_status_shows_the_last_renewal_and_marks_a_silent_holder",
+    # The next leader must keep its lease from a step-down until a 4 s countdown has run.
+    "tests/integration/test_worker_config.py::test_eta_leader_message_is_handed_back_on_step_down",
 )
 
 
