@@ -62,6 +62,8 @@ test_services() {
   # The PostgreSQL store tests initdb clusters of their own (as the postgres user when
   # root); redis-server also runs Sentinel, which needs nothing more.
   compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || apt_install postgresql
+  # The etcd store tests start etcd members (one, or a cluster of three) of their own.
+  { command -v etcd && command -v etcdctl; } >/dev/null || apt_install etcd-server etcd-client
   # The chaos suite starts (and restarts) RabbitMQ nodes of its own: it needs the server.
   [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || apt_install rabbitmq-server
   # The other RabbitMQ broker tests use the machine's RabbitMQ on 127.0.0.1:5672 (guest/guest).

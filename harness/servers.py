@@ -3,12 +3,14 @@
 Each server is a real process the test owns, so tests can kill, pause
 (SIGSTOP), resume and restart it empty. ``RabbitMQServer`` is a private
 RabbitMQ node on free ports that tests can stop and restart with its data,
-without touching the machine's shared RabbitMQ.
+without touching the machine's shared RabbitMQ. ``EtcdCluster`` is one or
+three etcd members whose leader tests can kill, and which can lose all data.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -16,9 +18,10 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.request
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import amqp
 import redis
@@ -696,3 +699,411 @@ class PostgresServer(ServerProcess):
         if self.postmaster_pid() is not None:
             self.kill()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+#: Raft timings for test clusters: a heartbeat every 50 ms and an election after 500 ms
+#: without one (etcd's defaults are 100 ms and 1 s; it wants the election timeout at
+#: least 5 heartbeats). A SIGKILLed leader is replaced within 0.5 to 1.5 s.
+ETCD_TIMINGS = ("--heartbeat-interval", "50", "--election-timeout", "500")
+
+
+def etcd_env() -> dict[str, str]:
+    """The environment for etcd and etcdctl: ours without ETCD_*/ETCDCTL_* settings.
+
+    etcd reads every flag from an ``ETCD_<FLAG>`` variable too, and etcdctl from
+    ``ETCDCTL_<FLAG>``: an inherited one would point them at someone else's cluster.
+    """
+    return {k: v for k, v in os.environ.items() if not k.startswith(("ETCD_", "ETCDCTL_"))}
+
+
+#: HTTP without any proxy from the environment (http_proxy would take loopback calls too).
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def etcd_post(client_url: str, path: str, body: dict[str, object], timeout: float) -> Any:
+    """POST *body* as JSON to etcd's gRPC gateway (``/v3/...``); its answer, decoded.
+
+    Raises OSError (``urllib.error.URLError``, a timeout) when the member does not
+    answer, ``urllib.error.HTTPError`` when it answers an error. The gateway writes
+    64-bit numbers (ids, revisions, terms) as JSON strings.
+    """
+    request = urllib.request.Request(
+        f"{client_url}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with _DIRECT.open(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+class EtcdMember(ServerProcess):
+    """One etcd 3.4 member on loopback: its data dir and log in *workdir*, free ports.
+
+    :class:`EtcdCluster` makes the members of a cluster and sets their
+    :attr:`initial_cluster` and :attr:`cluster_token`; alone, a member is a
+    cluster of one. Those two (and ``--initial-cluster-state new``) only count
+    when the data dir is empty: :meth:`restart` on the same data dir rejoins
+    the cluster the data dir names.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        name: str | None = None,
+        client_port: int | None = None,
+        peer_port: int | None = None,
+        extra: list[str] | None = None,
+    ) -> None:
+        self.binary = require_binary("etcd")
+        self.workdir = workdir
+        self.client_port = client_port or free_port()
+        self.peer_port = peer_port or free_port()
+        while self.peer_port == self.client_port:
+            self.peer_port = free_port()
+        #: Unique among the members started by this process (their ports are).
+        self.name = name or f"etcd-{self.client_port}"
+        self.data_dir = workdir / f"{self.name}.etcd"
+        self.log = workdir / f"{self.name}.log"
+        self.initial_cluster = f"{self.name}={self.peer_url}"
+        self.cluster_token = f"celery-leader-{uuid.uuid4().hex}"
+        self.extra = extra or []
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log_start = 0  # where the last start's lines begin in the log
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    @property
+    def client_url(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.peer_port}"
+
+    @property
+    def running(self) -> bool:
+        """Whether the process is alive (a paused one is)."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def args(self) -> list[str]:
+        return [
+            self.binary,
+            "--name", self.name,
+            "--data-dir", str(self.data_dir),
+            "--listen-client-urls", self.client_url,
+            "--advertise-client-urls", self.client_url,
+            "--listen-peer-urls", self.peer_url,
+            "--initial-advertise-peer-urls", self.peer_url,
+            "--initial-cluster", self.initial_cluster,
+            "--initial-cluster-state", "new",
+            "--initial-cluster-token", self.cluster_token,
+            *ETCD_TIMINGS,
+            # Structured, to the log file (capnslog may go to journald under systemd).
+            "--logger", "zap",
+            "--log-outputs", "stderr",
+            *self.extra,
+        ]  # fmt: skip
+
+    def start(self, *, wait: bool = True, timeout: float = 15.0) -> EtcdMember:
+        """Start the member on its data dir; with *wait*, until it serves reads.
+
+        The members of a new cluster (or of one whose quorum is down) cannot
+        serve before enough of them run: start those with ``wait=False``, then
+        :meth:`wait_ready` each.
+        """
+        assert not self.running, f"{self.name} is running"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as log:
+            self._log_start = log.tell()
+            self.proc = subprocess.Popen(
+                self.args(),
+                env=etcd_env(),
+                cwd=self.workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+            )
+        if wait:
+            try:
+                self.wait_ready(timeout)
+            except BaseException:
+                self.stop()
+                raise
+        return self
+
+    def wait_ready(self, timeout: float = 15.0) -> None:
+        """Block until a linearizable read works (the member is in a cluster with a leader)."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                code = self.proc.returncode
+                raise RuntimeError(f"etcd {self.name} exited with {code}; see {self.log}")
+            try:
+                etcd_post(self.client_url, "/v3/kv/range", {"key": "AA=="}, timeout=1)
+            except (OSError, ValueError):
+                time.sleep(0.02)
+                continue
+            # The port may have answered for someone else's server while ours failed to bind.
+            if self.proc.poll() is None:
+                return
+        raise RuntimeError(f"etcd {self.name} did not serve within {timeout:g} s; see {self.log}")
+
+    def bind_failed(self) -> bool:
+        """Whether the last start failed because one of the member's ports was taken."""
+        try:
+            with open(self.log, "rb") as log:
+                log.seek(self._log_start)
+                return b"address already in use" in log.read()
+        except OSError:
+            return False
+
+    def wait_peer_port(self, timeout: float = 15.0) -> None:
+        """Block until the member serves its peer port (before it has a cluster leader)."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                code = self.proc.returncode
+                raise RuntimeError(f"etcd {self.name} exited with {code}; see {self.log}")
+            try:
+                with _DIRECT.open(f"{self.peer_url}/version", timeout=1) as response:
+                    response.read()
+            except OSError:
+                time.sleep(0.01)
+                continue
+            if self.proc.poll() is None:  # not someone else's server on the port
+                return
+        raise RuntimeError(f"etcd {self.name}'s peer port did not serve within {timeout:g} s")
+
+    def status(self, timeout: float = 0.5) -> dict[str, Any] | None:
+        """The member's ``/v3/maintenance/status``, or None when it does not answer."""
+        if not self.running:
+            return None
+        try:
+            found: dict[str, Any] = etcd_post(
+                self.client_url, "/v3/maintenance/status", {}, timeout=timeout
+            )
+        except (OSError, ValueError):
+            return None
+        return found
+
+    def pause(self) -> None:
+        """SIGSTOP, and wait until every thread has stopped (a signal arrives a little
+        later: a request sent right after os.kill() returns may still be answered)."""
+        super().pause()
+        assert self.proc is not None
+        tasks = Path(f"/proc/{self.proc.pid}/task")
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            states = []
+            for task in tasks.iterdir():
+                with contextlib.suppress(OSError, IndexError):  # a thread ended meanwhile
+                    states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+            if all(state in ("T", "t") for state in states):
+                return
+            time.sleep(0.001)
+        raise RuntimeError(f"etcd {self.name} did not stop on SIGSTOP within 5 s")
+
+    def kill(self) -> None:
+        """SIGKILL, and wait until it is gone: a crash."""
+        self.stop()
+
+    def restart(self, *, wait: bool = True, timeout: float = 15.0) -> EtcdMember:
+        """Kill the member if it runs, and start it again on the same data dir and ports."""
+        self.kill()
+        return self.start(wait=wait, timeout=timeout)
+
+    def remove_data(self) -> None:
+        """Delete the data dir (the member must be stopped): it starts as a new member."""
+        assert not self.running, f"{self.name} is running"
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+class EtcdCluster:
+    """*size* etcd members (1 or 3) on loopback ports under *workdir*, for one test.
+
+    :attr:`url` is the store URL of all members with :attr:`prefix`;
+    :meth:`leader` asks the members which of them is the raft leader now;
+    :meth:`restart_empty` loses all data, as a store rebuilt from nothing.
+    :meth:`stop` keeps the data (:meth:`start` again restarts the cluster with
+    it); :meth:`close`, also the end of a ``with`` block, deletes it, but not
+    the members' logs. Each member's data dir takes about 125 MB of disk at once
+    (etcd preallocates two 64 MB WAL files).
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        size: int = 1,
+        *,
+        prefix: str = "celery-leader-test",
+        extra: list[str] | None = None,
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"size={size}: a cluster has at least one member")
+        self.workdir = workdir
+        self.prefix = prefix
+        self.size = size
+        self.extra = extra
+        self.cluster_token = ""
+        self.members: list[EtcdMember] = []
+        self._new_members()
+        self._started = False
+
+    def _new_members(self) -> None:
+        """*size* new members on new ports, with a new cluster token."""
+        members: list[EtcdMember] = []
+        ports: set[int] = set()
+        while len(members) < self.size:
+            member = EtcdMember(self.workdir, extra=self.extra)
+            if not {member.client_port, member.peer_port} & ports:
+                members.append(member)
+                ports |= {member.client_port, member.peer_port}
+        initial_cluster = ",".join(f"{m.name}={m.peer_url}" for m in members)
+        for member in members:
+            member.initial_cluster = initial_cluster
+        self.members = members
+        self.new_token()
+
+    def new_token(self) -> None:
+        """A new ``--initial-cluster-token`` for every member: a new cluster id on empty data."""
+        self.cluster_token = f"celery-leader-{uuid.uuid4().hex}"
+        for member in self.members:
+            member.cluster_token = self.cluster_token
+
+    @property
+    def quorum(self) -> int:
+        return len(self.members) // 2 + 1
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [m.endpoint for m in self.members]
+
+    @property
+    def url(self) -> str:
+        return f"etcd://{','.join(self.endpoints)}/{self.prefix}"
+
+    def start(self, timeout: float = 30.0) -> EtcdCluster:
+        """Start the members that do not run (with the data they have); wait until each
+        serves reads and they agree on a leader. Stops them all if that fails.
+
+        The first start may move the cluster to other ports (read :attr:`url` and
+        :attr:`members` after it): when a port free_port() picked is taken before
+        etcd binds it, it starts a new cluster on new ports (up to three tries). Later
+        starts keep the ports, as clients hold the URL.
+        """
+        for attempt in range(3):
+            try:
+                self._start(timeout)
+            except RuntimeError:
+                lost_port = any(m.bind_failed() for m in self.members)
+                if self._started or attempt == 2 or not lost_port:
+                    raise
+                self.close()
+                self._new_members()
+                continue
+            self._started = True
+            break
+        return self
+
+    def _start(self, timeout: float) -> None:
+        # A member of a new cluster first asks each peer for its member list, allowing
+        # it 1 s: a peer that listens but does not serve yet costs that second. So each
+        # member starts once the one before serves its peer port (within milliseconds).
+        deadline = time.monotonic() + timeout
+        try:
+            for member in self.members:
+                if not member.running:
+                    member.start(wait=False)
+                    member.wait_peer_port(max(deadline - time.monotonic(), 0.1))
+            for member in self.members:
+                member.wait_ready(max(deadline - time.monotonic(), 0.1))
+            self.wait_leader(max(deadline - time.monotonic(), 0.1))
+        except BaseException:
+            self.stop()
+            raise
+
+    def _statuses(self) -> list[tuple[EtcdMember, int, int, int]]:
+        """(member, its id, the leader it names, raft term) of each member that answers."""
+        found = []
+        for member in self.members:
+            status = member.status()
+            if status is None:
+                continue
+            header = status.get("header", {})
+            found.append(
+                (
+                    member,
+                    int(header.get("member_id", 0)),
+                    int(status.get("leader", 0)),
+                    int(status.get("raftTerm", header.get("raft_term", 0))),
+                )
+            )
+        return found
+
+    def leader(self) -> EtcdMember | None:
+        """The member that answers as raft leader (of the highest term, if a deposed one
+        has not heard yet); None when none does."""
+        leaders = [(term, m) for m, own, leader, term in self._statuses() if own and own == leader]
+        if not leaders:
+            return None
+        return max(leaders, key=lambda found: found[0])[1]
+
+    def wait_leader(
+        self, timeout: float = 10.0, *, other_than: EtcdMember | None = None
+    ) -> EtcdMember:
+        """Until a quorum of the members answer and name the same leader, which answers as
+        leader itself (and is not *other_than*); that member."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            statuses = self._statuses()
+            named = {leader for _, _, leader, _ in statuses}
+            if len(statuses) >= self.quorum and len(named) == 1:
+                (leader_id,) = named
+                for member, own, _, _ in statuses:
+                    if leader_id and own == leader_id and member is not other_than:
+                        return member
+            time.sleep(0.02)
+        raise RuntimeError(f"no etcd leader within {timeout:g} s; see the logs in {self.workdir}")
+
+    def stop(self) -> None:
+        """Kill every member (SIGKILL); their data stays."""
+        for member in self.members:
+            member.stop()
+
+    def close(self) -> None:
+        """Kill every member and delete their data dirs (the logs stay)."""
+        self.stop()
+        for member in self.members:
+            member.remove_data()
+
+    def __enter__(self) -> EtcdCluster:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def restart_empty(self, timeout: float = 30.0) -> EtcdCluster:
+        """Stop every member, delete every data dir and start a new cluster on the same
+        ports, with a new cluster token (so a new cluster id): all data is lost and the
+        revisions start again from 1."""
+        self.close()
+        self.new_token()
+        return self.start(timeout)
+
+    def etcdctl(self, *args: str, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
+        """``etcdctl`` (API v3) with the endpoints of the members that run; not checked."""
+        endpoints = [m.endpoint for m in self.members if m.running] or self.endpoints
+        return subprocess.run(
+            [require_binary("etcdctl"), f"--endpoints={','.join(endpoints)}", *args],
+            env={**etcd_env(), "ETCDCTL_API": "3"},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )

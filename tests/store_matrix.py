@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from celery_leader.stores.memory import reset_memory_stores
-from harness.servers import AzuriteServer, PostgresServer, RedisServer, SentinelRedis
+from harness.servers import AzuriteServer, EtcdCluster, PostgresServer, RedisServer, SentinelRedis
 
 
 @dataclass
@@ -136,6 +136,19 @@ def _postgres(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Runni
 
 
 @contextmanager
+def _etcd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningStore]:
+    cluster = EtcdCluster(tmp_path / "etcd").start()
+
+    def lose_data() -> None:
+        cluster.restart_empty()  # a new cluster on the same ports: no keys, revisions from 1
+
+    try:
+        yield RunningStore(STORES["etcd"], cluster.url, lose_data)
+    finally:
+        cluster.close()
+
+
+@contextmanager
 def _memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningStore]:
     yield RunningStore(STORES["memory"], f"memory://{uuid.uuid4().hex}", reset_memory_stores)
 
@@ -151,6 +164,8 @@ STORES: dict[str, StoreKind] = {
         StoreKind("sentinel", "sentinel", _sentinel, lease_ttl=5.0, short_ttl=0.6, quick=False),
         # initdb and a start take about 1.3 s.
         StoreKind("postgres", "postgresql", _postgres, lease_ttl=5.0, short_ttl=0.6, quick=False),
+        # One member; etcd counts leases in whole seconds and checks expiry every 0.5 s.
+        StoreKind("etcd", "etcd", _etcd, lease_ttl=5.0, short_ttl=3.0, quick=False),
     )
 }
 

@@ -44,8 +44,8 @@ def test_declared_extra_ttl_range_and_renew_fraction_are_usable(scheme):
 
 def test_shared_store_urls_are_read_from_the_classes():
     assert shared_store_urls() == (
-        "redis://, rediss://, unix://, sentinel://, postgresql://, postgres://, sqlite:/// or "
-        "azureblob://"
+        "redis://, rediss://, unix://, sentinel://, postgresql://, postgres://, sqlite:///, "
+        "azureblob://, etcd:// or etcds://"
     )
     assert not any(scheme + "://" in shared_store_urls() for scheme in TEST_ONLY_SCHEMES)
 
@@ -60,10 +60,10 @@ def test_the_workers_memory_store_message_names_the_same_stores():
 
 def test_unknown_scheme_names_every_store_as_declared():
     with pytest.raises(ConfigurationError) as caught:
-        store_class("etcd://h")
+        store_class("consul://h")
     assert str(caught.value).endswith(
-        "use one of azureblob://, postgres://, postgresql://, redis://, rediss://, sentinel://,"
-        " sqlite:///, unix://"
+        "use one of azureblob://, etcd://, etcds://, postgres://, postgresql://, redis://,"
+        " rediss://, sentinel://, sqlite:///, unix://"
     )
 
 

@@ -1,0 +1,371 @@
+"""etcd's v3 JSON gateway, over requests: the calls of the etcd store, bounded, on every endpoint.
+
+etcd serves its gRPC API as JSON on the client port (``POST /v3/kv/txn``,
+``/v3/lease/keepalive``, ``/v3/watch``...): keys and values are base64,
+64-bit numbers are JSON strings. This module knows that wire form and
+nothing of leases: :mod:`celery_leader.stores.etcd` builds the store on it.
+
+Why not an etcd client library: python-etcd3 (0.12, 2020) breaks on protobuf
+4 and later; etcd3gw (the JSON gateway, used by tooz) talks to one endpoint,
+has no authentication, gives every call the same timeout and hides the
+response headers, and its watch thread drops a failed stream without a word,
+so a follower would never hear of a release again. requests does the part
+worth not writing (connection pools, TLS, streaming).
+
+Guarantees: a call returns or raises :class:`~celery_leader.exceptions.StoreError`
+within about the timeout it was given, whatever the members do (down,
+paused, without quorum). It tries each endpoint at most once, each with an
+equal share of what is left of the timeout, and the next call starts on the
+endpoint that answered last. A call that timed out or lost its connection
+may still have been applied; every caller in the store is written so that a
+second attempt is harmless. Passwords never appear in a message.
+"""
+
+from __future__ import annotations
+
+import base64
+import email.utils
+import importlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
+
+from celery_leader._masking import mask_text, mask_url
+from celery_leader.exceptions import (
+    ConfigurationError,
+    StoreAuthError,
+    StoreCallTimeoutError,
+    StoreError,
+    StoreUnreachableError,
+)
+from celery_leader.stores.base import MissingExtraError
+
+logger = logging.getLogger(__name__)
+
+#: gRPC status codes the gateway puts in an error body.
+_DEADLINE_EXCEEDED = 4
+_PERMISSION_DENIED = 7
+_UNAVAILABLE = 14
+_UNAUTHENTICATED = 16
+#: Codes after which another member may answer (no leader, leader changed, timed out).
+_TRY_ANOTHER = frozenset({_DEADLINE_EXCEEDED, _UNAVAILABLE})
+
+_OK = 200
+#: What etcd says when it refuses a user (a wrong password, none given, no permission):
+#: some of it comes as INVALID_ARGUMENT or FAILED_PRECONDITION, not as an auth code.
+_AUTH_WORDS = ("authentication failed", "user name is empty", "permission denied")
+#: A share of the timeout too small to try another member with.
+_TOO_SHORT = 0.01
+#: A password shorter than this is not masked inside messages (it would mask half of them).
+_SHORTEST_SECRET = 3
+
+#: Query keys of the URL: the TLS files, as etcdctl names its flags.
+TLS_KEYS = ("cacert", "cert", "key")
+
+
+def requests_module() -> Any:
+    """requests, or the one-line hint naming the extra that installs it."""
+    try:
+        return importlib.import_module("requests")  # an optional extra
+    except ImportError:
+        raise MissingExtraError("etcd://", "etcd") from None
+
+
+def b64(text: str) -> str:
+    """A key or value as the gateway wants it."""
+    return base64.b64encode(text.encode()).decode()
+
+
+def unb64(text: str) -> str:
+    """A key or value as the gateway sent it."""
+    return base64.b64decode(text).decode()
+
+
+def prefix_end(prefix: str) -> str:
+    """The end of the key range of every key that starts with *prefix* (etcd's ``range_end``)."""
+    raw = prefix.encode()
+    return base64.b64encode(raw[:-1] + bytes([raw[-1] + 1])).decode()
+
+
+class EtcdURL(NamedTuple):
+    """What an ``etcd://`` or ``etcds://`` URL says."""
+
+    endpoints: list[str]
+    """``http(s)://host:port`` of each member given."""
+    prefix: str
+    """The key prefix every key of the store lives under (no trailing ``/``)."""
+    user: str | None
+    password: str | None
+    tls: dict[str, str]
+    """``cacert``, ``cert``, ``key``: the files given in the query."""
+
+    @classmethod
+    def parse(cls, url: str) -> EtcdURL:
+        """Parse *url*; a bad one raises ConfigurationError naming the setting (secrets masked)."""
+        shown = mask_url(url)
+        scheme, sep, rest = url.partition("://")
+        if scheme not in ("etcd", "etcds") or not sep:
+            raise ConfigurationError(
+                f"leader_backend_url={shown}: an etcd store URL starts with etcd:// or etcds://"
+            )
+        head, _, query = rest.partition("?")
+        at = head.rfind("@")  # a password may hold "/" or "@": the last "@" ends it
+        userinfo, hosts_and_path = (head[:at], head[at + 1 :]) if at >= 0 else ("", head)
+        hosts, _, path = hosts_and_path.partition("/")
+        user, colon, password = userinfo.partition(":")
+        endpoints = []
+        protocol = "https" if scheme == "etcds" else "http"
+        for host in filter(None, hosts.split(",")):
+            try:
+                port = urlsplit(f"//{host}").port
+            except ValueError:
+                port = None
+            if port is None:
+                raise ConfigurationError(
+                    f"leader_backend_url={shown}: each etcd member is host:port"
+                    f" (etcd://host:2379,host:2379/prefix), not {host!r}"
+                )
+            endpoints.append(f"{protocol}://{host}")
+        if not endpoints:
+            raise ConfigurationError(
+                f"leader_backend_url={shown}: name at least one etcd member"
+                " (etcd://host:2379[,host:2379...]/prefix)"
+            )
+        tls = {}
+        for key, value in parse_qsl(query, keep_blank_values=True):
+            if key not in TLS_KEYS:
+                raise ConfigurationError(
+                    f"leader_backend_url={shown}: unknown query key {key!r};"
+                    f" allowed: {', '.join(TLS_KEYS)} (etcds:// only)"
+                )
+            tls[key] = value
+        if tls and scheme != "etcds":
+            raise ConfigurationError(
+                f"leader_backend_url={shown}: cacert, cert and key need etcds:// (TLS)"
+            )
+        if ("cert" in tls) != ("key" in tls):
+            raise ConfigurationError(
+                f"leader_backend_url={shown}: a client certificate needs both cert and key"
+            )
+        prefix = unquote(path).strip("/") or "celery-leader"
+        return cls(
+            endpoints=endpoints,
+            prefix=prefix,
+            user=unquote(user) if user else None,
+            password=unquote(password) if colon else None,
+            tls=tls,
+        )
+
+
+class Reply(NamedTuple):
+    """One answer of the gateway."""
+
+    body: dict[str, Any]
+    #: The answering member's clock (the HTTP ``Date`` header), Unix seconds, whole.
+    date: float
+
+
+class _Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+class Gateway:
+    """The JSON gateway of one etcd cluster, for one process (thread-safe).
+
+    A forked child opens its own connections: it never reads an answer meant
+    for its parent.
+    """
+
+    def __init__(self, url: str, timeout: float) -> None:
+        self._requests = requests_module()
+        self.target = EtcdURL.parse(url)
+        self.url = mask_url(url)
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._current = 0
+        self._token: str | None = None
+        self._session: Any = None
+        self._pid = -1
+
+    # -- connections -----------------------------------------------------------
+
+    def session(self) -> Any:
+        """The requests session of this process (TLS files and the auth token set on it)."""
+        with self._lock:
+            if self._session is None or self._pid != os.getpid():
+                self._session, self._pid, self._token = self._new_session(), os.getpid(), None
+            return self._session
+
+    def _new_session(self) -> Any:
+        session = self._requests.Session()
+        tls = self.target.tls
+        if "cacert" in tls:
+            session.verify = tls["cacert"]
+        if "cert" in tls:
+            session.cert = (tls["cert"], tls["key"])
+        return session
+
+    def endpoints(self) -> list[str]:
+        """Every endpoint, the one that answered last first."""
+        with self._lock:
+            first = self._current
+        endpoints = self.target.endpoints
+        return endpoints[first:] + endpoints[:first]
+
+    def _answered(self, endpoint: str) -> None:
+        with self._lock:
+            self._current = self.target.endpoints.index(endpoint)
+
+    def headers(self) -> dict[str, str]:
+        """The authorization header, when the store has a user (authenticating first if needed)."""
+        if self.target.user is None:
+            return {}
+        if self._token is None or self._pid != os.getpid():
+            self._authenticate()
+        return {"Authorization": self._token or ""}
+
+    def _authenticate(self) -> None:
+        body = {"name": self.target.user, "password": self.target.password or ""}
+        reply = self._post("auth/authenticate", body, what="authenticate", auth=False)
+        self._token = str(reply.body.get("token") or "")
+
+    # -- calls -----------------------------------------------------------------
+
+    def call(self, path: str, body: dict[str, Any], *, what: str) -> Reply:
+        """POST *body* to ``/v3/<path>``; the answer, or StoreError within about the timeout."""
+        try:
+            return self._post(path, body, what=what, auth=True)
+        except _ExpiredTokenError:
+            self._token = None  # etcd's simple tokens expire (5 min by default): log in again
+            return self._post(path, body, what=what, auth=True)
+
+    def _post(self, path: str, body: dict[str, Any], *, what: str, auth: bool) -> Reply:
+        requests = self._requests
+        session = self.session()
+        deadline = _Deadline(self.timeout)
+        endpoints = self.endpoints()
+        failure: StoreError | None = None
+        for index, endpoint in enumerate(endpoints):
+            budget = deadline.left() / (len(endpoints) - index)
+            if budget <= _TOO_SHORT:
+                break
+            try:
+                headers = self.headers() if auth else {}
+                response = session.post(
+                    f"{endpoint}/v3/{path}", json=body, headers=headers, timeout=budget
+                )
+            except requests.Timeout:
+                failure = StoreCallTimeoutError(self._message(what, f"no answer in {budget:.2g} s"))
+                continue
+            except requests.RequestException as exc:
+                failure = StoreUnreachableError(self._message(what, _first_line(exc)))
+                continue
+            answer = _json(response)
+            if response.status_code == _OK and "error" not in answer and "code" not in answer:
+                self._answered(endpoint)
+                return Reply(answer.get("result", answer), _date_of(response))
+            code, text = _error_of(answer, response.reason)
+            if code == _UNAUTHENTICATED and "invalid auth token" in text and auth:
+                raise _ExpiredTokenError
+            if (
+                code in (_UNAUTHENTICATED, _PERMISSION_DENIED)
+                or response.status_code in (401, 403)
+                or any(words in text for words in _AUTH_WORDS)
+            ):
+                raise StoreAuthError(self._message(what, text))
+            if code in _TRY_ANOTHER or response.status_code in (502, 503, 504):
+                failure = StoreUnreachableError(self._message(what, text))
+                continue
+            raise StoreError(self._message(what, text))
+        if failure is None:
+            failure = StoreCallTimeoutError(self._message(what, f"no answer in {self.timeout:g} s"))
+        raise failure
+
+    def stream(self, path: str, body: dict[str, Any], *, idle: float) -> Iterator[dict[str, Any]]:
+        """The messages of a streaming call (a watch), from the endpoint that answered last.
+
+        Each read waits at most *idle* seconds: a member that went silent
+        (paused, cut off) ends the stream with an error instead of holding
+        it open forever.
+        """
+        requests = self._requests
+        endpoint = self.endpoints()[0]
+        try:
+            response = self.session().post(
+                f"{endpoint}/v3/{path}",
+                json=body,
+                headers=self.headers(),
+                stream=True,
+                timeout=(self.timeout, idle),
+            )
+        except requests.RequestException as exc:
+            self._skip(endpoint)
+            raise StoreUnreachableError(self._message("watch", _first_line(exc))) from None
+        with response:
+            if response.status_code != _OK:
+                self._skip(endpoint)
+                raise StoreError(self._message("watch", f"HTTP {response.status_code}"))
+            try:
+                for line in response.iter_lines():
+                    if line.strip():
+                        yield json.loads(line)
+            except (requests.RequestException, ValueError) as exc:
+                raise StoreUnreachableError(self._message("watch", _first_line(exc))) from None
+
+    def _skip(self, endpoint: str) -> None:
+        """The next call starts on the endpoint after *endpoint*."""
+        with self._lock:
+            endpoints = self.target.endpoints
+            if endpoints[self._current] == endpoint:
+                self._current = (self._current + 1) % len(endpoints)
+
+    def _message(self, what: str, detail: str) -> str:
+        password = self.target.password
+        if password and len(password) >= _SHORTEST_SECRET:
+            detail = detail.replace(password, "***").replace(quote(password), "***")
+        return f"lease store {self.url}: {what} failed: {mask_text(detail)}"
+
+
+class _ExpiredTokenError(Exception):
+    """The auth token expired: authenticate again and repeat the call once."""
+
+
+def _json(response: Any) -> dict[str, Any]:
+    try:
+        answer = response.json()
+    except ValueError:
+        return {"error": f"HTTP {response.status_code}: {response.text[:120]!r}"}
+    return answer if isinstance(answer, dict) else {"error": "an answer that is not an object"}
+
+
+def _error_of(answer: dict[str, Any], reason: str) -> tuple[int, str]:
+    """The gRPC code and message of an error answer (unary and streaming calls word it apart)."""
+    error = answer.get("error")
+    if isinstance(error, dict):  # a streaming call (lease/keepalive): {"error": {...}}
+        return int(error.get("grpc_code", 0) or 0), str(error.get("message") or reason)
+    return int(answer.get("code", 0) or 0), str(answer.get("message") or error or reason)
+
+
+def _date_of(response: Any) -> float:
+    """The answering member's clock, from the Date header (whole seconds)."""
+    header = response.headers.get("Date")
+    if header:
+        try:
+            return email.utils.parsedate_to_datetime(header).timestamp()
+        except (TypeError, ValueError):
+            pass
+    return float(int(time.time()))  # a proxy that stripped it: the client's clock stands in
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,148 @@
+"""Real workers on etcd: one member, and a cluster of three that loses its leader and quorum."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from harness.servers import EtcdCluster
+from tests.chaos.checker import check
+
+
+def runs(rows, kind="start"):
+    return [r for r in rows if r["kind"] == kind]
+
+
+@pytest.fixture
+def etcd_cluster(cluster_for, tmp_path, request):
+    size = getattr(request, "param", 1)
+    servers = EtcdCluster(tmp_path / "etcd", size=size).start()
+    cluster = cluster_for("redis")  # the broker stays a Redis of its own
+    cluster.env["LEADER_STORE"] = servers.url
+    yield cluster, servers
+    cluster.close()
+    servers.close()
+
+
+@contextmanager
+def streaming(cluster) -> Iterator[list[int]]:  # type: ignore[no-untyped-def]
+    """Send leader_record 0, 1, 2... every 0.1 s while the block runs; the count sent."""
+    sent = [0]
+    stop = threading.Event()
+
+    def stream() -> None:
+        while not stop.is_set():
+            cluster.send("leader_record", sent[0])
+            sent[0] += 1
+            stop.wait(0.1)
+
+    sender = threading.Thread(target=stream, daemon=True)
+    sender.start()
+    try:
+        yield sent
+    finally:
+        stop.set()
+        sender.join(5)
+
+
+@pytest.mark.slow
+def test_workers_on_etcd_step_down_crash_shutdown_and_revocation(etcd_cluster):
+    """step-down hands over at once (a watch hears the release); SIGKILL of the leader: the
+    next leads after the ttl; SIGTERM: at once; a paused etcd: the leader's running task is
+    revoked before its ttl, one leader again once etcd is back; nothing lost, no overlap."""
+    cluster, servers = etcd_cluster
+    ttl = float(cluster.env["LEADER_TTL"])
+    cluster.start(3)
+    first = cluster.leader_worker(timeout=20)
+    cluster.send("leader_record", 0)
+    rows = cluster.wait_history(runs, 10)
+    assert [x["worker"] for x in runs(rows)] == [first.nodename]
+
+    stepped_at = time.monotonic()
+    proc = cluster.celery("leader", "step-down")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    second = cluster.leader_worker(timeout=10)
+    assert second is not first
+    assert time.monotonic() - stepped_at < 5, "handover on release, not after the ttl"
+
+    killed_at = time.monotonic()
+    second.signal(signal.SIGKILL)
+    second.proc.wait(10)
+    third = cluster.leader_worker(timeout=ttl + 15)
+    took = time.monotonic() - killed_at
+    assert third is not second
+    assert ttl - 1.5 < took < ttl + 5, f"takeover {took:.1f} s after a crash (ttl {ttl:g})"
+
+    cluster.start(1)
+    stopped_at = time.monotonic()
+    third.proc.send_signal(signal.SIGTERM)
+    third.proc.wait(20)
+    fourth = cluster.leader_worker(timeout=10)
+    assert fourth is not third
+    assert time.monotonic() - stopped_at < 5, "handover on release, not after the ttl"
+
+    cluster.send("slow_terminate", 60, "revoked")
+    cluster.wait_history(lambda r: any(x.get("tag") == "revoked" for x in r), 10)
+    member = servers.members[0]
+    paused_at = time.monotonic()
+    member.pause()
+    try:
+        time.sleep(ttl + 2)
+    finally:
+        member.resume()
+    cluster.leader_worker(timeout=ttl + 20)
+    cluster.send("leader_record", 1)
+    rows = cluster.wait_history(lambda r: len([x for x in runs(r) if "i" in x]) >= 2, 20)
+    assert not [r for r in runs(rows, "end") if r.get("tag") == "revoked"], "outlived its term"
+    starts = [r for r in runs(rows) if "i" in r]
+    assert starts[-1]["at"] > paused_at and starts[-1]["token"] > starts[0]["token"]
+    summary = check([r for r in rows if "i" in r], 2)
+    assert summary.violations() == [] and summary.lost == [], summary.table()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("etcd_cluster", [3], indirect=True)
+def test_workers_on_three_members_through_a_leader_loss_and_a_quorum_loss(etcd_cluster):
+    """Kill etcd's leader member: the workers keep leading through the other two. Kill a
+    second: without quorum the holder stops before its ttl ends and nobody leads; both
+    back: one leader again with a greater token; nothing lost, no two at once."""
+    cluster, servers = etcd_cluster
+    ttl = float(cluster.env["LEADER_TTL"])
+    cluster.start(2)
+    cluster.leader_worker(timeout=20)
+    with streaming(cluster) as sent:
+        time.sleep(1.5)
+        leader = servers.wait_leader()
+        leader.kill()
+        time.sleep(2.0)
+        second = next(m for m in servers.members if m is not leader and m.running)
+        second.kill()
+        lost_at = time.monotonic()
+        time.sleep(ttl + 3)
+        silent_from = time.monotonic() - 2.5
+        leader.restart()
+        second.restart()
+        back_at = time.monotonic()
+        servers.wait_leader(timeout=20)
+        rows = cluster.wait_history(
+            lambda r: any(x["kind"] == "start" and x["at"] > back_at for x in r), ttl + 20
+        )
+        time.sleep(1.0)
+    rows = cluster.wait_history(
+        lambda r: {x["i"] for x in r if x["kind"] == "end"} >= set(range(sent[0])), 30
+    )
+    before_loss = [r for r in runs(rows) if r["at"] < lost_at]
+    after_loss = [r for r in runs(rows) if lost_at <= r["at"] < back_at]
+    assert before_loss, "nothing ran before the quorum was lost"
+    assert all(r["at"] < lost_at + ttl for r in after_loss), "a run after the holder's ttl"
+    assert not [r for r in after_loss if r["at"] > silent_from], "someone led without quorum"
+    tokens_before = {r["token"] for r in before_loss}
+    tokens_after = {r["token"] for r in runs(rows) if r["at"] > back_at}
+    assert min(tokens_after) > max(tokens_before)
+    summary = check(rows, sent[0])
+    assert summary.violations() == [] and summary.lost == [], summary.table()

@@ -1,0 +1,233 @@
+"""The etcd store beyond the contract suite: its URL, members lost and paused, quorum, restores."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from celery_leader.exceptions import ConfigurationError, StoreAuthError, StoreError
+from celery_leader.stores import Holder, open_store
+from celery_leader.stores.etcd_gateway import EtcdURL
+from harness.servers import EtcdCluster
+
+
+def holder(tag: str) -> Holder:
+    return Holder(f"id-{tag}", f"node-{tag}", "h", 1)
+
+
+def test_the_url_lists_every_member_with_a_prefix_and_tls_files():
+    target = EtcdURL.parse("etcds://u:p%40ss@a:2379,b:2380,[::1]:2381/jobs/main?cacert=/ca.pem")
+    assert target.endpoints == ["https://a:2379", "https://b:2380", "https://[::1]:2381"]
+    assert (target.prefix, target.user, target.password) == ("jobs/main", "u", "p@ss")
+    assert target.tls == {"cacert": "/ca.pem"}
+    assert EtcdURL.parse("etcd://h:2379").prefix == "celery-leader"
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("etcd:///prefix", "name at least one etcd member"),
+        ("etcd://h/prefix", "each etcd member is host:port"),
+        ("etcd://h:1/p?cacert=/ca.pem", "need etcds://"),
+        ("etcds://h:1/p?cert=/c.pem", "needs both cert and key"),
+        ("etcd://h:1/p?timeout=3", "unknown query key 'timeout'"),
+    ],
+)
+def test_a_bad_url_names_the_setting_and_the_form(url, why):
+    with pytest.raises(ConfigurationError, match="leader_backend_url") as caught:
+        open_store(url, timeout=1)
+    assert why in str(caught.value)
+
+
+def test_the_password_is_masked_in_the_url_and_in_errors():
+    """Nothing listens on port 9: the error names the store without its password."""
+    store = open_store("etcd://root:hunter22@127.0.0.1:9/p", timeout=1)
+    assert "hunter22" not in store.url and "root:***@" in store.url
+    with pytest.raises(StoreError) as caught:
+        store.read("job")
+    assert "hunter22" not in str(caught.value)
+
+
+@pytest.fixture
+def one(tmp_path):
+    cluster = EtcdCluster(tmp_path, size=1).start()
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture
+def three(tmp_path):
+    cluster = EtcdCluster(tmp_path, size=3).start()
+    yield cluster
+    cluster.close()
+
+
+def test_a_user_and_password_log_in_and_a_wrong_password_is_an_auth_error(one):
+    """etcd with auth on: the store logs in with the URL's user; a wrong password says so."""
+    for args in (["user", "add", "root:s3cret-pw"], ["auth", "enable"]):
+        proc = one.etcdctl(*args)
+        assert proc.returncode == 0, proc.stderr
+    good = open_store(one.url.replace("etcd://", "etcd://root:s3cret-pw@"), timeout=2)
+    result = good.acquire("job", holder("a"), 3)
+    assert result.acquired and good.renew("job", "id-a", 3) and good.release("job", "id-a")
+    bad = open_store(one.url.replace("etcd://", "etcd://root:wrong-pw@"), timeout=2)
+    with pytest.raises(StoreAuthError) as caught:
+        bad.read("job")
+    assert "wrong-pw" not in str(caught.value) and "s3cret" not in str(caught.value)
+    anonymous = open_store(one.url, timeout=2)
+    with pytest.raises(StoreAuthError):
+        anonymous.read("job")
+
+
+def test_the_ttl_is_rounded_up_to_whole_seconds_never_down(one):
+    """A 1.2 s lease is a 2 s etcd lease: the server keeps it at least as long as the holder."""
+    store = open_store(one.url, timeout=2)
+    assert store.acquire("job", holder("a"), 1.2).acquired
+    time.sleep(1.4)  # past the holder's own ttl: etcd still has it
+    record = store.read("job")
+    assert record is not None and record.nodename == "node-a"
+    time.sleep(1.5)
+    assert store.read("job") is None
+
+
+def test_losing_the_leader_member_keeps_the_lease_and_the_watch(three):
+    """Kill etcd's leader member: the holder renews through the others and a follower's
+    watch (resumed on another member) still hears the release."""
+    store = open_store(three.url, timeout=2)
+    first = store.acquire("job", holder("a"), 3)
+    assert first.acquired
+    heard = threading.Event()
+    watch = open_store(three.url, timeout=2).watch("job", heard.set)
+    try:
+        assert heard.wait(5)  # the call back once it is up
+        heard.clear()
+        three.wait_leader().kill()
+        deadline = time.monotonic() + 15
+        renewed = False
+        while time.monotonic() < deadline and not renewed:
+            try:
+                renewed = store.renew("job", "id-a", 3)
+            except StoreError:
+                time.sleep(0.2)
+        assert renewed, "no renewal through the two members left"
+        assert store.release("job", "id-a")
+        assert heard.wait(10), "the release was not heard after the member's loss"
+        second = open_store(three.url, timeout=2).acquire("job", holder("b"), 3)
+        assert second.acquired and second.hold_off == 0
+        assert second.token is not None and first.token is not None
+        assert second.token > first.token
+    finally:
+        watch.close()
+
+
+def test_without_quorum_nobody_holds_and_with_it_back_tokens_rise(three):
+    """Two of three members down: renewals fail (the holder will declare loss), no acquire
+    succeeds; both back: one holder again, with a greater token."""
+    store = open_store(three.url, timeout=1)
+    first = store.acquire("job", holder("a"), 3)
+    assert first.acquired
+    leader = three.wait_leader()
+    leader.kill()
+    other = next(m for m in three.members if m is not leader)
+    other.kill()
+    with pytest.raises(StoreError):
+        store.renew("job", "id-a", 3)
+    with pytest.raises(StoreError):
+        open_store(three.url, timeout=1).acquire("job", holder("b"), 3)
+    leader.restart()
+    other.restart()
+    three.wait_leader(timeout=20)
+    deadline = time.monotonic() + 20
+    result = None
+    while time.monotonic() < deadline:
+        try:
+            result = open_store(three.url, timeout=2).acquire("job", holder("b"), 3)
+        except StoreError:
+            time.sleep(0.2)
+            continue
+        if result.acquired:
+            break
+        time.sleep(0.2)
+    assert result is not None and result.acquired, result
+    assert result.token is not None and first.token is not None and result.token > first.token
+
+
+def test_a_paused_member_ends_a_call_at_its_deadline_and_the_next_one_answers(three):
+    """SIGSTOP the member the store talks to: the call returns within its timeout (on the
+    next member) and the lease keeps being renewed."""
+    store = open_store(three.url, timeout=1.5)
+    assert store.acquire("job", holder("a"), 3).acquired
+    three.members[0].pause()
+    try:
+        started = time.monotonic()
+        try:
+            renewed = store.renew("job", "id-a", 3)
+        except StoreError:
+            renewed = store.renew("job", "id-a", 3)
+        took = time.monotonic() - started
+        assert renewed
+        assert took < 4, f"a renewal took {took:.1f} s with one member paused"
+    finally:
+        three.members[0].resume()
+
+
+def test_data_that_went_back_holds_the_next_holder_off(one):
+    """The store emptied under a running process (a restore to a new cluster): the process
+    sees the revision go back, and the next acquire holds off one ttl, tokens still rising."""
+    store = open_store(one.url, timeout=2)
+    first = store.acquire("job", holder("a"), 3)
+    assert first.acquired
+    for i in range(5):
+        assert store.set_state("job", "id-a", f"k{i}", "v")
+    assert store.release("job", "id-a")
+    time.sleep(1.1)
+    one.restart_empty()
+    again = store.acquire("job", holder("b"), 3)
+    assert again.acquired and again.hold_off == pytest.approx(3, abs=0.01)
+    assert again.token is not None and first.token is not None and again.token > first.token
+
+
+def test_a_snapshot_restored_under_running_workers_holds_the_next_holder_off(one, tmp_path):
+    """etcd restored from an older snapshot (same cluster id): the term record of a later
+    term is gone. A process that saw the later revision holds the next holder off one ttl,
+    and the token still rises above the forgotten term's."""
+    import shutil
+
+    store = open_store(one.url, timeout=2)
+    assert store.acquire("job", holder("a"), 3).acquired
+    assert store.release("job", "id-a")
+    snapshot = tmp_path / "snap.db"
+    saved = one.etcdctl("snapshot", "save", str(snapshot))
+    assert saved.returncode == 0, saved.stderr
+    later = store.acquire("job", holder("b"), 3)  # the term the restore forgets
+    assert later.acquired
+    for i in range(5):
+        assert store.set_state("job", "id-b", f"k{i}", "v")
+    member = one.members[0]
+    member.kill()
+    shutil.rmtree(member.data_dir)
+    restored = one.etcdctl(
+        "snapshot",
+        "restore",
+        str(snapshot),
+        "--name",
+        member.name,
+        "--data-dir",
+        str(member.data_dir),
+        "--initial-cluster",
+        member.initial_cluster,
+        "--initial-cluster-token",
+        member.cluster_token,
+        "--initial-advertise-peer-urls",
+        member.peer_url,
+    )
+    assert restored.returncode == 0, restored.stderr
+    time.sleep(1.1)  # the stated assumption: not within a second of the last grant
+    member.restart()
+    assert store.read("job") is None, "the restored data has no lease"
+    after = store.acquire("job", holder("c"), 3)
+    assert after.acquired
+    assert after.hold_off == pytest.approx(3, abs=0.01), "no hold-off after a restore"
+    assert after.token is not None and later.token is not None and after.token > later.token
