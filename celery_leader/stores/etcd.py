@@ -67,6 +67,7 @@ from celery_leader.stores.base import (
     Watch,
 )
 from celery_leader.stores.etcd_gateway import EtcdURL, Gateway, Reply, b64, prefix_end, unb64
+from celery_leader.stores.watch import Fanout, shared_fanout
 
 logger = logging.getLogger(__name__)
 
@@ -500,97 +501,40 @@ class EtcdLeaseStore:
 
     def watch(self, name: str, callback: Callable[[], None]) -> Watch:
         """Call back when the key of *name* is deleted (release or expiry), and once when up."""
-        return _watcher_for(self._address, self._timeout).add(name, callback)
+        fanout = shared_fanout(
+            ("etcd", self._address, str(self._timeout)),
+            lambda: Fanout("etcd", _watch_stream(self._address, self._timeout)),
+        )
+        return fanout.add(name, callback)
 
     def close(self) -> None:
         """Nothing is held open that the process's other stores do not share."""
         self._closed = True
 
 
-class _Subscription:
-    """One watch of one election on the process's watch stream."""
+def _watch_stream(url: str, timeout: float) -> Callable[[Fanout], None]:
+    """The body of the process's watch thread for the cluster and prefix of *url*.
 
-    def __init__(self, watcher: _Watcher, name: str, callback: Callable[[], None]) -> None:
-        self.watcher = watcher
-        self.name = name
-        self.callback = callback
-        self.closed = False
-
-    def notify(self) -> None:
-        if self.closed:
-            return
-        try:
-            self.callback()
-        except Exception:
-            logger.exception("release watch callback failed")
-
-    def close(self) -> None:
-        self.closed = True
-        self.watcher.remove(self)
-
-
-class _Watcher:
-    """One watch stream (and thread) per cluster and prefix per process, for every election.
-
-    It watches the deletions of every ``lease/`` key under the prefix and
-    calls back the watches of that election. It resumes a broken stream from
-    the revision after the last event it delivered, so nothing is missed
-    across a reconnect; when it cannot (the first connection, history
-    compacted, a revision that went back, another cluster) it calls every
-    watch back once instead. A stream silent for :data:`WATCH_IDLE` seconds
-    is opened again. The thread ends once no watch is left.
+    It watches the deletions of every ``lease/`` key under the prefix (a
+    release or an expiry) and calls back the watches of that election. It
+    resumes a broken stream from the revision after the last event it
+    delivered, so nothing is missed across a reconnect; when it cannot (the
+    first connection, history compacted, a revision that went back, another
+    cluster) it calls every watch back once instead. A stream silent for
+    :data:`WATCH_IDLE` seconds is opened again, on the next member if the
+    one it used went quiet.
     """
+    gateway = Gateway(url, timeout)
+    prefix = f"{gateway.target.prefix}/lease/"
+    key, end = b64(prefix), prefix_end(prefix)
 
-    def __init__(self, url: str, timeout: float) -> None:
-        self._gateway = Gateway(url, timeout)
-        self._prefix = f"{self._gateway.target.prefix}/lease/"
-        self._lock = threading.Lock()
-        self._subscriptions: list[_Subscription] = []
-        self._thread: threading.Thread | None = None
-
-    def add(self, name: str, callback: Callable[[], None]) -> _Subscription:
-        subscription = _Subscription(self, name, callback)
-        with self._lock:
-            self._subscriptions.append(subscription)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="celery-leader-watch[etcd]", daemon=True
-                )
-                self._thread.start()
-                return subscription  # the thread calls every watch back once it watches
-        subscription.notify()  # already watching: the lease may be free now
-        return subscription
-
-    def remove(self, subscription: _Subscription) -> None:
-        with self._lock:
-            if subscription in self._subscriptions:
-                self._subscriptions.remove(subscription)
-
-    def _watching(self) -> list[_Subscription]:
-        with self._lock:
-            return list(self._subscriptions)
-
-    def _keep_running(self) -> bool:
-        """False once no watch is left (decided under the lock: a new watch starts a thread)."""
-        with self._lock:
-            if self._subscriptions:
-                return True
-            self._thread = None
-            return False
-
-    def _notify(self, name: str | None) -> None:
-        for subscription in self._watching():
-            if name is None or subscription.name == name:
-                subscription.notify()
-
-    def _run(self) -> None:
+    def body(fanout: Fanout) -> None:
         start: int | None = None  # the revision to watch from; None: call everyone back
-        cluster: str | None = None
+        cluster: object = None
         failures = 0
-        key, end = b64(self._prefix), prefix_end(self._prefix)
-        while self._keep_running():
+        while fanout.keep_running():
             try:
-                now = self._gateway.call(
+                now = gateway.call(
                     "kv/range", {"key": key, "range_end": end, "count_only": True}, what="watch"
                 )
                 header = now.body.get("header") or {}
@@ -598,16 +542,14 @@ class _Watcher:
                 if start is None or current + 1 < start or header.get("cluster_id") != cluster:
                     # First time, history lost, or data that went back: anything may be free.
                     start, cluster = current + 1, header.get("cluster_id")
-                    self._notify(None)
+                    fanout.notify(None)
                 create = {
                     "key": key,
                     "range_end": end,
                     "start_revision": str(start),
                     "filters": ["NOPUT"],
                 }
-                for message in self._gateway.stream(
-                    "watch", {"create_request": create}, idle=WATCH_IDLE
-                ):
+                for message in gateway.stream("watch", {"create_request": create}, idle=WATCH_IDLE):
                     failures = 0
                     result = message.get("result") or {}
                     if "error" in message:
@@ -619,8 +561,8 @@ class _Watcher:
                         kv = event.get("kv") or {}
                         start = max(start or 0, int(kv.get("mod_revision", 0) or 0) + 1)
                         if event.get("type") == "DELETE":
-                            self._notify(unquote(unb64(kv["key"])[len(self._prefix) :]))
-                    if not self._watching():
+                            fanout.notify(unquote(unb64(kv["key"])[len(prefix) :]))
+                    if not fanout.watching():
                         break
             except Exception as exc:  # noqa: BLE001 - the watch must outlive any failure
                 failures += 1
@@ -628,27 +570,15 @@ class _Watcher:
                 # A stream that was up and went silent reconnects at once; failures back off.
                 threading.Event().wait(0 if failures == 1 else min(0.1 * 2**failures, 2.0))
 
-
-_watchers: dict[tuple[str, float], _Watcher] = {}
-_watchers_lock = threading.Lock()
+    return body
 
 
 def _forget_after_fork() -> None:
-    global _watchers_lock, _witnesses_lock  # noqa: PLW0603 - the child's own registries
-    _watchers.clear()
-    _watchers_lock = threading.Lock()
+    global _witnesses_lock  # noqa: PLW0603 - the child's own registry
     _witnesses_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
-
-
-def _watcher_for(url: str, timeout: float) -> _Watcher:
-    with _watchers_lock:
-        watcher = _watchers.get((url, timeout))
-        if watcher is None:
-            watcher = _watchers[url, timeout] = _Watcher(url, timeout)
-        return watcher
 
 
 #: The class declares what the registry, the settings and the tests read (checked by mypy).

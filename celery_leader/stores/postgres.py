@@ -57,6 +57,7 @@ from celery_leader.stores.base import (
     MissingExtraError,
     Watch,
 )
+from celery_leader.stores.watch import Fanout, shared_fanout
 
 logger = logging.getLogger(__name__)
 
@@ -425,7 +426,11 @@ class PostgresLeaseStore:
 
     def watch(self, name: str, callback: Callable[[], None]) -> Watch:
         """Call back on every release of *name*, and once per (re)subscription."""
-        return _listener_for(self._dsn, self._timeout).add(name, callback)
+        fanout = shared_fanout(
+            ("postgres", self._dsn, str(self._timeout)),
+            lambda: Fanout("postgres", _listen(self._dsn, self._timeout)),
+        )
+        return fanout.add(name, callback)
 
     def close(self) -> None:
         """Let go of the process's connection (closed with the last store that used it)."""
@@ -597,117 +602,38 @@ def _record(row: Any, now_us: int) -> LeaseRecord:
     )
 
 
-class _Subscription:
-    """One watch of one election on the shared listener."""
+def _listen(dsn: str, timeout: float) -> Callable[[Fanout], None]:
+    """The body of the process's listening thread for *dsn* (see :class:`Fanout`).
 
-    def __init__(self, listener: _Listener, name: str, callback: Callable[[], None]) -> None:
-        self.listener = listener
-        self.name = name
-        self.callback = callback
-        self.closed = False
-
-    def notify(self) -> None:
-        if self.closed:
-            return
-        try:
-            self.callback()
-        except Exception:
-            logger.exception("release watch callback failed")
-
-    def close(self) -> None:
-        self.closed = True
-        self.listener.remove(self)
-
-
-class _Listener:
-    """One ``LISTEN`` connection and thread per database per process, for every watch.
-
-    Each (re)connection calls every watch back once: a release sent while
-    the connection was down reached no one. A failed connection is retried
-    with a backoff of up to 2 s. The thread ends once no watch is left.
+    Each (re)connection calls every watch back once: a release sent while the
+    connection was down reached no one. A failed connection is retried with a
+    backoff of up to 2 s.
     """
 
-    def __init__(self, dsn: str, timeout: float) -> None:
-        self._dsn = dsn
-        self._timeout = timeout
-        self._lock = threading.Lock()
-        self._subscriptions: list[_Subscription] = []
-        self._thread: threading.Thread | None = None
-
-    def add(self, name: str, callback: Callable[[], None]) -> _Subscription:
-        subscription = _Subscription(self, name, callback)
-        with self._lock:
-            self._subscriptions.append(subscription)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="celery-leader-watch[postgres]", daemon=True
-                )
-                self._thread.start()
-                return subscription  # the thread calls every watch back once it listens
-        subscription.notify()  # already listening: the lease may be free now
-        return subscription
-
-    def remove(self, subscription: _Subscription) -> None:
-        with self._lock:
-            if subscription in self._subscriptions:
-                self._subscriptions.remove(subscription)
-
-    def _watching(self) -> list[_Subscription]:
-        with self._lock:
-            return list(self._subscriptions)
-
-    def _keep_running(self) -> bool:
-        """False once no watch is left, and the thread then ends.
-
-        Decided under the lock, so a watch added meanwhile starts a new thread
-        instead of waiting on this one.
-        """
-        with self._lock:
-            if self._subscriptions:
-                return True
-            self._thread = None
-            return False
-
-    def _run(self) -> None:
+    def body(fanout: Fanout) -> None:
         failures = 0
-        while self._keep_running():
+        while fanout.keep_running():
             try:
-                with _connect(self._dsn, self._timeout, "celery-leader-watch") as conn:
+                with _connect(dsn, timeout, "celery-leader-watch") as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     failures = 0
-                    for subscription in self._watching():
-                        subscription.notify()
-                    while self._watching():
+                    fanout.notify(None)
+                    while fanout.watching():
                         for notice in conn.notifies(timeout=1.0):
-                            for subscription in self._watching():
-                                if subscription.name == notice.payload:
-                                    subscription.notify()
+                            fanout.notify(notice.payload)
             except Exception as exc:  # noqa: BLE001 - the watch must outlive any failure
                 failures += 1
                 logger.debug("release watch interrupted: %s", mask_text(str(exc)))
                 threading.Event().wait(min(0.1 * 2**failures, 2.0))
 
-
-_listeners: dict[str, _Listener] = {}
-_listeners_lock = threading.Lock()
+    return body
 
 
 def _forget_after_fork() -> None:
-    global _listeners_lock  # noqa: PLW0603 - the child's own registries
-    _listeners.clear()
-    _listeners_lock = threading.Lock()
     _Connection.forget_all()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
-
-
-def _listener_for(dsn: str, timeout: float) -> _Listener:
-    with _listeners_lock:
-        listener = _listeners.get(dsn)
-        if listener is None:
-            listener = _listeners[dsn] = _Listener(dsn, timeout)
-        return listener
 
 
 #: The class declares what the registry, the settings and the tests read (checked by mypy).
