@@ -60,7 +60,7 @@ from celery_leader.exceptions import StoreError
 from celery_leader.stores import open_store
 from harness.cluster import ROOT, TASKS, Worker
 from harness.proxy import FaultProxy
-from harness.servers import RabbitMQServer, RedisServer
+from harness.servers import EtcdCluster, RabbitMQServer, RedisServer
 from tests.chaos.checker import Freeze, Summary, check
 
 #: The Redis broker's visibility timeout, seconds: above the long runs of three ttls
@@ -187,6 +187,9 @@ class ChaosConfig:
     #: workers balance them, faults hit the holder of an election drawn from the seed,
     #: and the checker judges each election's history on its own.
     elections: tuple[str, ...] = ()
+    #: The lease store: "redis" (one server) or "etcd" (a cluster of three members;
+    #: worker 0 reaches the first one alone, through the proxy).
+    store: str = "redis"
 
 
 class Leading(NamedTuple):
@@ -224,9 +227,15 @@ class ChaosRun:
             started.callback(self.broker.stop)
             self.history = RedisServer(tmp / "history").start()
             started.callback(self.history.stop)
-            self.store = RedisServer(tmp / "store").start()
-            started.callback(self.store.stop)
-            self.proxy = FaultProxy(self.store.port)
+            self.store: RedisServer | EtcdCluster
+            if config.store == "etcd":
+                self.store = EtcdCluster(tmp / "store", size=3).start()
+                started.callback(self.store.close)
+                self.proxy = FaultProxy(self.store.members[0].client_port)
+            else:
+                self.store = RedisServer(tmp / "store").start()
+                started.callback(self.store.stop)
+                self.proxy = FaultProxy(self.store.port)
             started.pop_all()
         self.name = f"chaos{uuid.uuid4().hex[:8]}"
         broker_url = self.broker.url
@@ -278,7 +287,10 @@ class ChaosRun:
         self.generation += 1
         env = dict(self.env)
         if slot == 0:  # this one reaches the lease store through the proxy
-            env["LEADER_STORE"] = f"redis://127.0.0.1:{self.proxy.port}/0"
+            if isinstance(self.store, EtcdCluster):
+                env["LEADER_STORE"] = f"etcd://127.0.0.1:{self.proxy.port}/{self.store.prefix}"
+            else:
+                env["LEADER_STORE"] = f"redis://127.0.0.1:{self.proxy.port}/0"
         worker = Worker(
             env,
             f"w{slot}g{self.generation}@{self.name}",
@@ -413,13 +425,37 @@ class ChaosRun:
 
     def fault_restart_store(self) -> str:
         self.store.restart_empty()
+        if isinstance(self.store, EtcdCluster):
+            return "etcd cluster recreated empty (a new cluster id)"
         return "lease Redis restarted empty"
 
     def fault_pause_store(self) -> str:
+        if isinstance(self.store, EtcdCluster):
+            return self._pause_etcd(self.store)
         self.store.pause()
         time.sleep(self.config.ttl + self.rng.uniform(0.5, 1.5))
         self.store.resume()
         return "lease Redis paused past the ttl"
+
+    def _pause_etcd(self, cluster: EtcdCluster) -> str:
+        """Every member paused past the ttl: an outage of the whole store."""
+        for member in cluster.members:
+            member.pause()
+        time.sleep(self.config.ttl + self.rng.uniform(0.5, 1.5))
+        for member in cluster.members:
+            member.resume()
+        return "every etcd member paused past the ttl"
+
+    def fault_kill_etcd_leader(self) -> str:
+        """etcd's leader member SIGKILLed and restarted: the workers go on through the others."""
+        assert isinstance(self.store, EtcdCluster)
+        leader = self.store.leader()
+        if leader is None:
+            return "etcd has no leader member to kill"
+        leader.kill()
+        time.sleep(self.rng.uniform(0.5, 1.5))
+        leader.restart()
+        return f"etcd leader member :{leader.client_port} killed, restarted"
 
     def fault_cut_network(self) -> str:
         mode = self.rng.choice(["blackhole", "drop", "delay"])
@@ -448,9 +484,10 @@ class ChaosRun:
         while self.proxy.mode != "trickle" and time.monotonic() < deadline:
             time.sleep(0.001)
         switched = self.proxy.mode == "trickle"
-        admin = redis.Redis.from_url(self.store.url, socket_timeout=2)
-        with suppress(redis.RedisError), admin:  # the store may be restarting: no flush then
-            admin.script_flush()
+        if isinstance(self.store, RedisServer):
+            admin = redis.Redis.from_url(self.store.url, socket_timeout=2)
+            with suppress(redis.RedisError), admin:  # the store may be restarting: no flush
+                admin.script_flush()
         if switched:
             time.sleep(hold)
         else:
@@ -459,9 +496,10 @@ class ChaosRun:
         role = "leader" if leads else "follower"
         if not switched:
             return f"worker 0 ({role}) never got a store reply to slow"
+        flushed = ", scripts flushed" if isinstance(self.store, RedisServer) else ""
         return (
-            f"worker 0 ({role}) store replies {delay * 1000:.0f} ms late, the 4th held, "
-            f"scripts flushed, for {hold:.2f} s ({run})"
+            f"worker 0 ({role}) store replies {delay * 1000:.0f} ms late, the 4th held"
+            f"{flushed}, for {hold:.2f} s ({run})"
         )
 
     def fault_restart_broker(self) -> str:
@@ -484,9 +522,12 @@ class ChaosRun:
             self.fault_restart_broker,
             self.fault_outlast_visibility,
         ]
+        if isinstance(self.store, EtcdCluster):
+            faults.append(self.fault_kill_etcd_leader)
         elections = ", ".join(["default", *self.config.elections])
         self.log(
             f"chaos: seed {self.config.seed}, broker {self.config.broker}, "
+            f"store {self.config.store}, "
             f"ttl {self.config.ttl:g} s, {self.config.seconds:g} s of faults, "
             f"elections: {elections}"
         )
@@ -556,8 +597,12 @@ class ChaosRun:
             self.lease_reader.close()
             self.proxy.close()
         finally:  # whatever failed above, no server (a RabbitMQ node least of all) outlives us
-            for server in (self.history, self.broker, self.store):
+            for server in (self.history, self.broker):
                 server.stop()
+            if isinstance(self.store, EtcdCluster):
+                self.store.close()
+            else:
+                self.store.stop()
 
 
 def run_chaos(config: ChaosConfig, tmp: Path, log: Callable[[str], None] = print) -> Summary:

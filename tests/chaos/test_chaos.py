@@ -43,6 +43,19 @@ def test_short_chaos_run_with_elections(tmp_path):
     assert len(summary.lost) <= 3, summary.lost
 
 
+@pytest.mark.slow
+def test_short_chaos_run_on_etcd(tmp_path):
+    """60 s of the faults on a three-member etcd (the store faults: every member paused past
+    the ttl, etcd's leader member killed and restarted, the cluster recreated empty):
+    no stale start, no stale write, no run across a term change."""
+    config = ChaosConfig(seconds=60, seed=SEED + 2, broker="redis", store="etcd")
+    summary = run_chaos(config, tmp_path)
+    print(summary.table())
+    assert summary.violations() == []
+    assert summary.terms >= 3, "the faults changed the leader several times"
+    assert len(summary.lost) <= 3, summary.lost
+
+
 def row(kind, i, token, at, **extra):
     return {"kind": kind, "i": i, "task_id": f"t{i}", "token": token, "at": at, **extra}
 
