@@ -30,12 +30,15 @@ When the data may have gone back, the next acquire holds the new holder off
 one ttl: no term record (a new or emptied store), a term record granted on
 another cluster (its id changes when the cluster is recreated), a lease key
 gone before the earliest end of its term (deleted or revoked by hand), or a
-revision lower than one this process saw before (a snapshot restored while
-the workers ran; noticed by every running worker, not by a worker started
-after the restore that acquires before the others). A restore from a
-snapshot that keeps the cluster id, with no worker running across it, is not
-told apart: restore with ``etcdutl snapshot restore --bump-revision``
-(etcd 3.5+) or restart the workers one ttl after etcd.
+revision lower than one this process saw before. That last one catches a
+snapshot restored under running workers: every worker that saw a revision
+later than the snapshot's (each follower's watch sees every term begin)
+holds off. Not told apart: a restore that keeps the cluster id, acquired
+first by a worker that saw nothing later than the snapshot (started after
+the restore, or cut off from etcd before the lost term began). Restore with
+a new ``--initial-cluster-token`` (a new cluster id: always noticed), or
+start the workers one ttl after etcd. (``--bump-revision`` alone would hide
+the restore from the revision check.)
 
 Members (for balancing named elections) are keys attached to an etcd lease
 of the announcing process; their expiry is judged on the readers' wall
@@ -162,6 +165,12 @@ class _Witness:
             self._cluster = cluster
         return cluster
 
+    def saw(self, revision: int) -> None:
+        """A revision known committed (a watch event's): raises the mark, never detects."""
+        with self._lock:
+            if revision > self._highest:
+                self._highest, self._highest_at = revision, time.monotonic()
+
 
 _witnesses: dict[tuple[str, ...], _Witness] = {}
 _witnesses_lock = threading.Lock()
@@ -228,7 +237,9 @@ class EtcdLeaseStore:
             raise StoreError(f"lease store {self.url}: {what} after close()")
         sent = time.monotonic()
         reply = self._gateway.call(path, body, what=what)
-        if "header" in reply.body:
+        if path.startswith("kv/"):
+            # Only linearizable reads and writes: a member answers a lease call with its own
+            # applied revision, which may lag one seen before on another member.
             self._witness.see(reply, sent)
         return reply
 
@@ -515,8 +526,10 @@ class EtcdLeaseStore:
 def _watch_stream(url: str, timeout: float) -> Callable[[Fanout], None]:
     """The body of the process's watch thread for the cluster and prefix of *url*.
 
-    It watches the deletions of every ``lease/`` key under the prefix (a
-    release or an expiry) and calls back the watches of that election. It
+    It watches every ``lease/`` key under the prefix: a deletion (a release
+    or an expiry) calls back the watches of that election, and every event's
+    revision goes to the process's witness (:class:`_Witness`), so that a
+    follower knows how far the data went before a restore winds it back. It
     resumes a broken stream from the revision after the last event it
     delivered, so nothing is missed across a reconnect; when it cannot (the
     first connection, history compacted, a revision that went back, another
@@ -525,6 +538,7 @@ def _watch_stream(url: str, timeout: float) -> Callable[[Fanout], None]:
     one it used went quiet.
     """
     gateway = Gateway(url, timeout)
+    witness = _witness_for(gateway.target)
     prefix = f"{gateway.target.prefix}/lease/"
     key, end = b64(prefix), prefix_end(prefix)
 
@@ -543,12 +557,9 @@ def _watch_stream(url: str, timeout: float) -> Callable[[Fanout], None]:
                     # First time, history lost, or data that went back: anything may be free.
                     start, cluster = current + 1, header.get("cluster_id")
                     fanout.notify(None)
-                create = {
-                    "key": key,
-                    "range_end": end,
-                    "start_revision": str(start),
-                    "filters": ["NOPUT"],
-                }
+                # Puts too: each is a term beginning, and its revision tells this process's
+                # witness how far the data went (a restore behind it is then noticed).
+                create = {"key": key, "range_end": end, "start_revision": str(start)}
                 for message in gateway.stream("watch", {"create_request": create}, idle=WATCH_IDLE):
                     failures = 0
                     result = message.get("result") or {}
@@ -559,7 +570,9 @@ def _watch_stream(url: str, timeout: float) -> Callable[[Fanout], None]:
                         break
                     for event in result.get("events") or []:
                         kv = event.get("kv") or {}
-                        start = max(start or 0, int(kv.get("mod_revision", 0) or 0) + 1)
+                        revision = int(kv.get("mod_revision", 0) or 0)
+                        start = max(start or 0, revision + 1)
+                        witness.saw(revision)
                         if event.get("type") == "DELETE":
                             fanout.notify(unquote(unb64(kv["key"])[len(prefix) :]))
                     if not fanout.watching():

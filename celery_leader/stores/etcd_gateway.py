@@ -14,9 +14,9 @@ worth not writing (connection pools, TLS, streaming).
 
 Guarantees: a call returns or raises :class:`~celery_leader.exceptions.StoreError`
 within about the timeout it was given, whatever the members do (down,
-paused, without quorum). It tries each endpoint at most once, each with an
-equal share of what is left of the timeout, and the next call starts on the
-endpoint that answered last. A call that timed out or lost its connection
+paused, without quorum). It tries each endpoint at most once, each with half
+of what is left of the timeout (the last with all of it), and the next call
+starts on the endpoint that answered last. A call that timed out or lost its connection
 may still have been applied; every caller in the store is written so that a
 second attempt is harmless. Passwords never appear in a message.
 """
@@ -207,6 +207,10 @@ class Gateway:
 
     def _new_session(self) -> Any:
         session = self._requests.Session()
+        # Not the environment's proxies, netrc or CA bundle: REQUESTS_CA_BUNDLE would
+        # override the URL's cacert (requests reads it over Session.verify), and an
+        # HTTP_PROXY meant for the web has no business between a worker and its etcd.
+        session.trust_env = False
         tls = self.target.tls
         if "cacert" in tls:
             session.verify = tls["cacert"]
@@ -255,7 +259,9 @@ class Gateway:
         endpoints = self.endpoints()
         failure: StoreError | None = None
         for index, endpoint in enumerate(endpoints):
-            budget = deadline.left() / (len(endpoints) - index)
+            # Half of what is left while other members remain: a busy member gets most of
+            # the time, a silent one costs the others only half of it.
+            budget = deadline.left() / (2 if index < len(endpoints) - 1 else 1)
             if budget <= _TOO_SHORT:
                 break
             try:
