@@ -30,6 +30,9 @@ class RunningStore:
     url: str
     #: Make the store lose every lease, counter and state it holds (no lease may be held).
     lose_data: Callable[[], None]
+    #: Stop the whole store from answering (SIGSTOP), and let it go on; None: cannot.
+    pause: Callable[[], None] | None = None
+    resume: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ def _redis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningS
         server.restart_empty()
 
     try:
-        yield RunningStore(STORES["redis"], server.url, lose_data)
+        yield RunningStore(STORES["redis"], server.url, lose_data, server.pause, server.resume)
     finally:
         server.stop()
 
@@ -105,8 +108,20 @@ def _sentinel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Runni
         with servers.server_on(port).client() as client:
             client.flushall()  # replicated: the replica loses it too
 
+    paused: list[int] = []
+
+    def pause() -> None:  # the primary: the sentinels may promote the replica meanwhile
+        port = servers.primary_port()
+        assert port is not None, "the sentinels name no primary"
+        servers.server_on(port).pause()
+        paused.append(port)
+
+    def resume() -> None:
+        while paused:
+            servers.server_on(paused.pop()).resume()
+
     try:
-        yield RunningStore(STORES["sentinel"], servers.url, lose_data)
+        yield RunningStore(STORES["sentinel"], servers.url, lose_data, pause, resume)
     finally:
         servers.stop()
 
@@ -130,7 +145,7 @@ def _postgres(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Runni
             )
 
     try:
-        yield RunningStore(STORES["postgres"], server.url, lose_data)
+        yield RunningStore(STORES["postgres"], server.url, lose_data, server.pause, server.resume)
     finally:
         server.stop()
 
@@ -142,8 +157,16 @@ def _etcd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningSt
     def lose_data() -> None:
         cluster.restart_empty()  # a new cluster on the same ports: no keys, revisions from 1
 
+    def pause() -> None:
+        for member in cluster.members:
+            member.pause()
+
+    def resume() -> None:
+        for member in cluster.members:
+            member.resume()
+
     try:
-        yield RunningStore(STORES["etcd"], cluster.url, lose_data)
+        yield RunningStore(STORES["etcd"], cluster.url, lose_data, pause, resume)
     finally:
         cluster.close()
 
