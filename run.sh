@@ -5,7 +5,7 @@
 #   ./run.sh bench            every benchmark; writes docs/benchmarks.md and docs/failover.png
 #   ./run.sh compat [--all]    the compat subset (pytest -m compat) on the oldest allowed
 #                             Celery/kombu/redis-py and on every supported Python
-#   ./run.sh simulate [--seeds N] [--seed S] [--elections K]   deterministic simulation of the lease protocol;
+#   ./run.sh simulate [--seeds N] [--seed S] [--elections K] [--store S]   deterministic simulation of the lease protocol;
 #                             ends with "N seeds, V violations", exit 0 only when V is 0
 set -euo pipefail
 cd "$(dirname "$0")"

@@ -1,10 +1,11 @@
 """A deterministic simulation of the lease protocol, in the manner of FoundationDB's.
 
 The real :class:`~celery_leader.lease.LeaseManager` (not a model of it) of
-several nodes runs against a model of the Redis lease store, on one virtual
-clock, with every source of randomness drawn from the seed; faults of the
-network, the store and the nodes are injected; a checker judges the history
-as it happens. Each node builds its lease through the
+several nodes runs against a model of a lease store (Redis by default;
+``--store`` picks Sentinel, PostgreSQL or etcd), on one virtual clock,
+with every source of randomness drawn from the seed; faults of the network,
+the store and the nodes are injected; a checker judges the history as it
+happens. Each node builds its lease through the
 :class:`~celery_leader.elections.election.Election` unit the worker uses,
 and runs leader work the way a prefork worker does: runs in pool children,
 the run table, the watchdog's decision, the parent's kill on loss, the
@@ -16,7 +17,10 @@ Modules, one job each:
 
 * :mod:`.scheduler`: virtual time, the event queue, pauses of an event's owner;
 * :mod:`.model_store`: the Redis store's decisions as a pure state machine
-  (and deliberately broken variants);
+  (and deliberately broken variants), and what every model shares;
+  :mod:`.model_sentinel`, :mod:`.model_postgres`, :mod:`.model_etcd`: the
+  other stores, each with what its real store does and what can happen to
+  it; :mod:`.models`: the models by ``--store`` name;
 * :mod:`.network`: store calls (delay, loss, duplication, timeouts) and
   release notifications;
 * :mod:`.node`: one worker: its Election (a LeaseManager and its
@@ -26,7 +30,8 @@ Modules, one job each:
 * :mod:`.process`: a worker process with several elections (a node each)
   and the real balancer that spreads them, on the member list of
   :mod:`.presence`;
-* :mod:`.faults`: what a seed suffers, drawn before its run;
+* :mod:`.faults`: what a seed suffers, drawn before its run (the store's
+  faults from the store's menu);
 * :mod:`.checker`: the invariants;
 * :mod:`.world`: one seed, wired; :mod:`.runner`: many seeds on every core;
   :mod:`.cli`: the command line.
@@ -34,8 +39,11 @@ Modules, one job each:
 Assumptions (the lease manager's, see :mod:`celery_leader.lease`): the store
 honours its ttl on its clock, which may step back but never forward; each
 node's clock drifts from real time by less than the margin over one ttl;
-the store's epoch changes whenever other data comes to lie under the lease
-(any restart, and older data loaded without one). The worker's: its
+the store notices whenever other data comes to lie under the lease (Redis,
+Sentinel, PostgreSQL: its epoch changes; etcd: another cluster id, or a
+revision lower than one a process saw). Each model states the assumptions
+of its store (etcd's restores under the same cluster id are covered only in
+part: see :mod:`.model_etcd`). The worker's: its
 watchdog is scheduled, and the pool children of a main process that
 crashed die with it (the kernel's parent-death signal, see :mod:`.pool`).
 Within them, the checker expects no violation at all.
@@ -57,9 +65,9 @@ consumer and the broker (the gate admits runs directly), the parent's kill
 of the requests it saw start (its run-table half is modelled, see
 :mod:`.pool`), a watchdog that dies (the worker replaces it and does not
 renew without one), policies other than ``terminate``, batched renewals
-and a pool shared by several elections (see :mod:`.process`), and stores
-other than Redis. The store's clock steps back only in
-runs that lose no data (the token rule's assumption).
+and a pool shared by several elections (see :mod:`.process`), and the
+SQLite, Azure Blob and in-memory stores. The store's clock steps back only
+in runs that lose no data (the token rule's assumption).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
-"""``python -m celery_leader.simulation [--seeds N] [--seed S]`` (``./run.sh simulate``).
+"""``python -m celery_leader.simulation [--store X] [--seeds N] [--seed S]`` (``run.sh simulate``).
 
 Runs the deterministic simulation of the lease protocol and ends with the
 line ``N seeds, V violations``; the exit status is 0 only when V is 0. Each
 failing seed prints its violation and the last events before it, and
-replays exactly with ``--seed S``.
+replays exactly with ``--seed S`` (and the same ``--store``). ``--store``
+picks the modelled store (see :mod:`.models`): ``redis`` (the default),
+``sentinel``, ``postgres`` or ``etcd``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 from collections.abc import Sequence
 
 from celery_leader.simulation.model_store import Broken
+from celery_leader.simulation.models import DEFAULT, STORES, check_broken
 from celery_leader.simulation.runner import run_seeds
 from celery_leader.simulation.world import SeedResult, quiet_loggers, simulate
 
@@ -23,7 +26,20 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m celery_leader.simulation",
         description="Deterministic simulation of the lease protocol (the real LeaseManager "
-        "and the worker's end of a term against a model of the Redis store, under faults).",
+        "and the worker's end of a term against a model of a lease store, under faults).",
+    )
+    parser.add_argument(
+        "--store",
+        choices=list(STORES),
+        default=DEFAULT,
+        help=f"the store modelled, with the faults it can suffer (default {DEFAULT})",
+    )
+    parser.add_argument(
+        "--with-gaps",
+        action="store_true",
+        help="also the faults the store covers only in part, in the forms it does not cover "
+        "(etcd: a snapshot restored under the same cluster id that a worker cannot notice); "
+        "violations are expected",
     )
     parser.add_argument("--seeds", type=int, default=10_000, help="seeds to run (default 10000)")
     parser.add_argument("--first", type=int, default=0, help="the first seed (default 0)")
@@ -50,8 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _show(result: SeedResult, broken: Broken | None, elections: int) -> None:
-    extra = f" --broken {broken.value}" if broken is not None else ""
+def _show(
+    result: SeedResult, broken: Broken | None, elections: int, store: str, gaps: bool
+) -> None:
+    extra = f" --store {store}" if store != DEFAULT else ""
+    extra += " --with-gaps" if gaps else ""
+    extra += f" --broken {broken.value}" if broken is not None else ""
     if elections > 1:
         extra += f" --elections {elections}"
     print(f"seed {result.seed}: VIOLATION: {result.violation}")
@@ -68,6 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"--elections={args.elections} is not allowed: it must be 1 or more")
         return 2
     broken = Broken(args.broken) if args.broken else None
+    try:
+        check_broken(args.store, broken)
+    except ValueError as exc:
+        print(exc)
+        return 2
     if args.seed is not None:
         with quiet_loggers():
             result = simulate(
@@ -77,9 +102,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 every_event=args.every_event,
                 full_trace=args.full_trace,
                 elections=args.elections,
+                store=args.store,
+                gaps=args.with_gaps,
             )
         if result.violation is not None:
-            _show(result, broken, args.elections)
+            _show(result, broken, args.elections, args.store, args.with_gaps)
         else:
             print(f"seed {result.seed}: ok ({result.plan}; {result.terms} terms)")
             for line in result.trace:
@@ -93,9 +120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         trace_limit=args.trace,
         every_event=args.every_event,
         elections=args.elections,
+        store=args.store,
+        gaps=args.with_gaps,
     )
     for result in summary.failures[:SHOWN]:
-        _show(result, broken, args.elections)
+        _show(result, broken, args.elections, args.store, args.with_gaps)
     rest = summary.failures[SHOWN:]
     if rest:
         print(f"{len(rest)} more failing seeds: " + " ".join(str(r.seed) for r in rest))

@@ -7,11 +7,18 @@ of every kind do), how the network behaves, and a list of timed faults:
 * network: message delay (usual, and slow beyond the store timeout), loss of
   requests and of replies, duplicated requests, requests held back until
   after their client gave up (all in :class:`~.network.NetworkProfile`);
-* store: pauses (requests queue until it resumes), restarts with empty data
-  (a new epoch), restarts from an older snapshot (a new epoch), eviction of
-  the lease key alone, its clock stepping back (only in runs without a
-  restart: the token rule assumes the clock does not go back past a token
-  granted before data is lost);
+* store: the faults on the store's :class:`Menu` (:data:`MENUS`), only
+  those that exist for it. Redis: pauses (requests queue until it resumes),
+  restarts with empty data (a new epoch), restarts from an older snapshot
+  (a new epoch), eviction of the lease key alone. Sentinel: those, and
+  failovers to a replica that lags by a part of a second. PostgreSQL:
+  pauses, restarts keeping the data, a new cluster, a snapshot started,
+  an asynchronous standby promoted, the lease deleted by hand. etcd:
+  pauses, leader changes, restarts keeping the data, a new cluster,
+  snapshots restored under the same cluster id and into a new one. Every
+  store's clock may step back (only in runs without data loss: the token
+  rule assumes the clock does not go back past a token granted before data
+  is lost);
 * nodes: clock rate drift within the bound and any offset, process pauses
   (shorter and longer than a ttl), step-downs, ``stop()`` with and without
   release, crashes (SIGKILL; both followed by a restart of the process
@@ -22,15 +29,18 @@ of every kind do), how the network behaves, and a list of timed faults:
   middle of writing their run-table slot.
 
 The assumptions the checker relies on are kept: the store honours its ttl,
-the epoch changes whenever other data comes to lie under the lease (unless
-a broken store is asked for), and drift stays below ``margin / ttl / 4`` (a
-quarter of what the margin allows, see :data:`DRIFT_SHARE`).
+it notices whenever other data comes to lie under the lease (unless a broken
+store is asked for, or the gaps of a store that covers a fault only in part,
+see :attr:`Menu.uncovered`), and drift stays below ``margin / ttl / 4`` (a
+quarter of what the margin allows, see :data:`DRIFT_SHARE`). A Redis seed
+draws what it drew before the other stores existed.
 """
 
 from __future__ import annotations
 
 import enum
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from celery_leader.lease.timing import LeaseTiming
@@ -48,7 +58,7 @@ STOP_RELEASES = 0.7
 
 
 class Kind(enum.Enum):
-    """A timed fault."""
+    """A timed fault. Which store faults a store has is its :class:`Menu`."""
 
     STORE_PAUSE = "store pause"
     STORE_RESTART = "store restart (empty)"
@@ -60,6 +70,103 @@ class Kind(enum.Enum):
     CRASH = "crash"
     UNFIT = "liveness fails"
     STORE_CLOCK_BACK = "store clock steps back"
+    #: A restart that loses nothing (PostgreSQL, etcd: durable servers).
+    STORE_RESTART_KEEPING = "store restart (keeping its data)"
+    #: Sentinel: a replica that lags by a part of a second is promoted.
+    FAILOVER = "failover to a lagging replica"
+    #: PostgreSQL: an asynchronous standby that missed the last commits is promoted.
+    STANDBY_PROMOTED = "standby promoted"
+    #: PostgreSQL: an operator deletes the lease row, or clears its lease.
+    DELETED_BY_HAND = "lease deleted by hand"
+    #: etcd: a snapshot restored into a new cluster (another cluster id).
+    NEW_CLUSTER = "snapshot restored into a new cluster"
+    #: etcd: another member becomes leader (every lease gets its full TTL again).
+    LEADER_CHANGE = "etcd leader change"
+
+
+#: Faults after which the store holds other data than the last written (or none): the
+#: store's clock never steps back in a run with one (the token rule's assumption).
+DATA_LOSS = frozenset(
+    {Kind.STORE_RESTART, Kind.STORE_RESTORE, Kind.FAILOVER, Kind.STANDBY_PROMOTED, Kind.NEW_CLUSTER}
+)
+
+
+@dataclass(frozen=True)
+class Menu:
+    """The timed faults one store can suffer (besides the nodes' and the network's)."""
+
+    #: The store's own faults, in the order a seed draws them (each on in half the seeds).
+    kinds: tuple[Kind, ...]
+    #: How long the store is down before it comes back with other data, or none (s).
+    loss_downtime: tuple[float, float] = (0.0, 1.0)
+    #: A restart begins only once the one before it ended (see :func:`_apart`).
+    restarts_apart: bool = False
+    #: Faults the store covers only in part (etcd: a snapshot restored under the same
+    #: cluster id goes unnoticed by a process that saw no later revision). Unless the
+    #: simulation is asked for the gaps, they come only in the form the store covers:
+    #: see :meth:`~.model_etcd.EtcdModel.snapshot_time` and :meth:`.world.World._start_after`.
+    uncovered: frozenset[Kind] = frozenset()
+
+
+#: What each store can suffer. Redis: a restart without persistence, one from an older
+#: snapshot, the lease key evicted. Sentinel: those of its primary, and a failover.
+#: PostgreSQL (durable, never evicts): restarts keeping the data, a new cluster, a
+#: snapshot started, a standby promoted, a lease deleted by hand. etcd (durable, never
+#: evicts): leader changes, restarts keeping the data, a new cluster, snapshots restored
+#: under the same cluster id and into a new one; it is down for more than a second before
+#: it comes back with other data (its clock reads whole seconds, see :mod:`.model_etcd`).
+MENUS: dict[str, Menu] = {
+    "redis": Menu((Kind.STORE_PAUSE, Kind.STORE_RESTART, Kind.STORE_RESTORE, Kind.EVICT)),
+    "sentinel": Menu(
+        (Kind.STORE_PAUSE, Kind.STORE_RESTART, Kind.STORE_RESTORE, Kind.EVICT, Kind.FAILOVER)
+    ),
+    "postgres": Menu(
+        (
+            Kind.STORE_PAUSE,
+            Kind.STORE_RESTART_KEEPING,
+            Kind.STORE_RESTART,
+            Kind.STORE_RESTORE,
+            Kind.STANDBY_PROMOTED,
+            Kind.DELETED_BY_HAND,
+        )
+    ),
+    "etcd": Menu(
+        (
+            Kind.STORE_PAUSE,
+            Kind.LEADER_CHANGE,
+            Kind.STORE_RESTART_KEEPING,
+            Kind.STORE_RESTART,
+            Kind.STORE_RESTORE,
+            Kind.NEW_CLUSTER,
+        ),
+        loss_downtime=(1.0, 2.0),
+        restarts_apart=True,
+        uncovered=frozenset({Kind.STORE_RESTORE}),
+    ),
+}
+
+#: Faults that take the store down for their duration (then it comes back, see :mod:`.world`).
+RESTARTS = DATA_LOSS | {Kind.STORE_RESTART_KEEPING}
+
+
+def _apart(faults: list[Fault]) -> list[Fault]:
+    """*faults* with each restart moved after the end of the one before it.
+
+    The world brings the store up at the end of each restart, even while
+    another one that began meanwhile is not over: the store is up between
+    them, for less than that one's downtime. With etcd's whole-second clock,
+    data must not go back within a second of an acquisition; apart, every
+    restart that loses data keeps the store down for its whole downtime.
+    """
+    moved: list[Fault] = []
+    free_at = 0.0
+    for fault in sorted(faults, key=lambda fault: fault.at):
+        if fault.kind in RESTARTS:
+            if fault.at < free_at:
+                fault = replace(fault, at=free_at + 0.001)  # noqa: PLW2901 - the moved fault
+            free_at = fault.at + fault.duration
+        moved.append(fault)
+    return moved
 
 
 @dataclass(frozen=True)
@@ -121,14 +228,58 @@ class Plan:
         return ", ".join(parts)
 
 
+def _store_faults(
+    kind: Kind,
+    rng: random.Random,
+    times: Callable[[int], list[float]],
+    ttl: float,
+    menu: Menu,
+) -> list[Fault]:
+    """The faults of *kind* in a seed where that kind is on."""
+    if kind is Kind.STORE_PAUSE:
+        faults = [Fault(t, kind, duration=rng.uniform(0.05, ttl * 1.5)) for t in times(2)]
+    elif kind is Kind.STORE_RESTART:
+        faults = [Fault(t, kind, duration=rng.uniform(*menu.loss_downtime)) for t in times(2)]
+    elif kind in (Kind.STORE_RESTORE, Kind.NEW_CLUSTER):
+        faults = [
+            Fault(t, kind, duration=rng.uniform(*menu.loss_downtime), age=rng.uniform(0, ttl * 2))
+            for t in times(2)
+        ]
+    elif kind in (Kind.EVICT, Kind.DELETED_BY_HAND):
+        faults = [Fault(t, kind) for t in times(3)]
+    elif kind is Kind.STORE_RESTART_KEEPING:
+        faults = [Fault(t, kind, duration=rng.uniform(0.0, 1.0)) for t in times(2)]
+    elif kind is Kind.FAILOVER:
+        # Down until the sentinels agree (shorter or longer than a ttl); the replica lags
+        # by a part of a second.
+        faults = [
+            Fault(t, kind, duration=rng.uniform(0.0, ttl * 2), age=rng.uniform(0.0, 1.0))
+            for t in times(2)
+        ]
+    elif kind is Kind.STANDBY_PROMOTED:
+        # Down until the standby is promoted; it lags by up to a ttl.
+        faults = [
+            Fault(t, kind, duration=rng.uniform(0.0, ttl * 2), age=rng.uniform(0.0, ttl))
+            for t in times(2)
+        ]
+    elif kind is Kind.LEADER_CHANGE:
+        # Requests wait while the members elect (a pause), then every lease is renewed.
+        faults = [Fault(t, kind, duration=rng.uniform(0.05, 1.0)) for t in times(3)]
+    else:
+        raise ValueError(f"{kind} is not a store fault")
+    return faults
+
+
 def draw(
     rng: random.Random,
     timing: LeaseTiming,
     *,
+    store: str = "redis",
     nodes: tuple[int, int] = (3, 5),
     duration: tuple[float, float] = (30.0, 45.0),
 ) -> Plan:
-    """Draw one seed's plan from *rng*."""
+    """Draw one seed's plan from *rng*, with the faults *store* can suffer (see :data:`MENUS`)."""
+    menu = MENUS[store]
     ttl = timing.ttl
     length = rng.uniform(*duration)
     count = rng.randint(*nodes)
@@ -164,21 +315,9 @@ def draw(
         late_max=ttl * 1.5,
     )
     faults: list[Fault] = []
-    if on():
-        faults += [
-            Fault(t, Kind.STORE_PAUSE, duration=rng.uniform(0.05, ttl * 1.5)) for t in times(2)
-        ]
-    if on():
-        faults += [Fault(t, Kind.STORE_RESTART, duration=rng.uniform(0.0, 1.0)) for t in times(2)]
-    if on():
-        faults += [
-            Fault(
-                t, Kind.STORE_RESTORE, duration=rng.uniform(0.0, 1.0), age=rng.uniform(0, ttl * 2)
-            )
-            for t in times(2)
-        ]
-    if on():
-        faults += [Fault(t, Kind.EVICT) for t in times(3)]
+    for kind in menu.kinds:
+        if on():
+            faults += _store_faults(kind, rng, times, ttl, menu)
     if on():
         faults += [
             Fault(
@@ -213,7 +352,7 @@ def draw(
             for t in times(2)
         ]
     # Drawn last, so that what a seed drew before these existed stays the same.
-    loses_data = any(f.kind in (Kind.STORE_RESTART, Kind.STORE_RESTORE) for f in faults)
+    loses_data = any(f.kind in DATA_LOSS for f in faults)
     if on() and not loses_data:
         faults += [
             Fault(t, Kind.STORE_CLOCK_BACK, age=rng.uniform(0.001, ttl * 3)) for t in times(3)
@@ -226,5 +365,7 @@ def draw(
     )
     if on():  # drawn after the rest: earlier seeds keep what they drew
         work = replace(work, die_mid_write=rng.uniform(0.02, 0.2))
+    if menu.restarts_apart:
+        faults = _apart(faults)
     faults.sort(key=lambda fault: fault.at)
     return Plan(duration=length, network=network, nodes=setups, faults=faults, work=work)

@@ -1,5 +1,12 @@
 """A model of the Redis lease store: the same decisions, as a pure state machine.
 
+This module also holds what every store model shares (:class:`LeaseModel`:
+the trace labels, the grant and release hooks, the store's clock and its
+steps back, the history of data that restores pick from) and the broken
+variants of all of them (:class:`Broken`). The other stores' models build
+on it: :mod:`.model_sentinel`, :mod:`.model_postgres`, :mod:`.model_etcd`
+(:mod:`.models` names them for ``--store``).
+
 What is modelled (one election; see :mod:`celery_leader.stores.redis`, its
 Lua scripts and its safety statement):
 
@@ -41,26 +48,33 @@ longer in real time). Tokens then rest on the counter: the clock alone would
 hand out a token below an earlier one.
 
 Deliberately broken variants (:class:`Broken`) exist to show that the checker
-finds what they break; they are never the default. One of them breaks the
-worker's kill layers rather than the store (:mod:`.pool` reads it).
+finds what they break; they are never the default. Each model lists those it
+implements (:attr:`LeaseModel.breaks`). One of them breaks the worker's kill
+layers rather than a store (:mod:`.pool` reads it), so every model takes it.
 """
 
 from __future__ import annotations
 
+import abc
 import bisect
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from celery_leader.stores import rules
 from celery_leader.stores.base import (
     AcquireResult,
+    Capability,
     Holder,
     LeaseRecord,
     NullWatch,
     Watch,
 )
 from celery_leader.stores.redis import RedisLeaseStore
+
+if TYPE_CHECKING:
+    from celery_leader.simulation.network import CallWitness
 
 
 class Broken(str, enum.Enum):
@@ -84,6 +98,23 @@ class Broken(str, enum.Enum):
     #: the planned worker at once (:meth:`ModelStore.take_over`), before the old holder
     #: released it, instead of waiting for the holder's hand-over.
     BALANCER_TAKES_EARLY = "balancer-takes-early"
+    #: Sentinel: a failover to a replica that missed the last writes keeps the epoch
+    #: (as if the store compared the data alone, not the run id and replication id).
+    SENTINEL_FAILOVER_KEEPS_EPOCH = "sentinel-failover-keeps-epoch"
+    #: PostgreSQL: the incarnation without the server's start time (system identifier and
+    #: timeline only): a file-system snapshot restored and started, which keeps the
+    #: timeline, goes unnoticed.
+    POSTGRES_NO_START_TIME = "postgres-no-start-time"
+    #: etcd: no witness of the revision (a process does not remember the highest revision
+    #: it saw): a snapshot restored under the same cluster id goes unnoticed by everyone.
+    ETCD_NO_WITNESS = "etcd-no-witness"
+    #: etcd: the lease's TTL rounded down to whole seconds instead of up: the server ends
+    #: a lease before the holder's reckoning of it does.
+    ETCD_TTL_ROUNDED_DOWN = "etcd-ttl-rounded-down"
+
+
+#: Broken variants of the worker, not of a store: every model takes them.
+WORKER_BREAKS = frozenset({Broken.TORN_SLOT_HIDES_RUNS})
 
 
 @dataclass(frozen=True)
@@ -118,44 +149,76 @@ class Data:
 
 #: Called on every grant: (token, lease id, store time).
 GrantHook = Callable[[int, str, float], None]
+#: Runs an action at a real time: how a model that acts by itself (etcd's expiry) is
+#: driven. Set by the simulation, on the store process (held back while it is paused).
+Schedule = Callable[[float, Callable[[], None]], None]
+#: Where a model writes its trace lines: (message, arguments).
+Log = Callable[[str, tuple[object, ...]], None]
+
+D = TypeVar("D")
 
 
-class ModelStore:
-    """The store's state machine, driven at the times the network delivers requests."""
+class LeaseModel(abc.ABC, Generic[D]):
+    """What every store model shares: bookkeeping, the store's clock, the data's history.
+
+    A model holds one election's lease (the simulation makes one per
+    election; the faults of the store hit them all). Its data is immutable:
+    every change makes a new value of type *D*, so a snapshot is a reference
+    and a restore an assignment. Subclasses decide the store protocol
+    (acquire, renew, release, read) and what the store's faults do to it.
+    """
 
     url = "sim://model"
-    # It models the Redis store, so it claims what that store claims.
-    capabilities = RedisLeaseStore.capabilities
-    ttl_range = RedisLeaseStore.ttl_range
+    #: What the modelled store claims (the real store class's claims).
+    capabilities: ClassVar[frozenset[Capability]]
+    ttl_range: ClassVar[tuple[float | None, float | None]]
+    #: The ``--store`` name of the modelled store.
+    name: ClassVar[str]
+    #: The election's ttl the simulation uses with this store.
+    ttl: ClassVar[float] = 3.0
+    #: The broken variants this model implements (see :class:`Broken`).
+    breaks: ClassVar[frozenset[Broken]]
 
     def __init__(
         self,
         clock: Callable[[], float],
+        empty: D,
         *,
         broken: Broken | None = None,
         keep_history: bool = False,
-        reads_epoch: bool = True,
-        log: Callable[[str, tuple[object, ...]], None] | None = None,
+        log: Log | None = None,
     ) -> None:
         self._real_clock = clock
         #: How far the store's clock runs behind real time (its steps back so far).
         self.behind = 0.0
         self.broken = broken
-        #: False models an ACL user refused INFO: the epoch is unknown to acquire.
-        self.reads_epoch = reads_epoch
-        self.data = Data()
+        self.data = empty
+        #: The incarnation of the data, as a number (each model says what changes it).
         self.epoch = 1
         #: (time, data) after every change, for restores from a snapshot.
-        self._history: list[tuple[float, Data]] | None = (
-            [(0.0, self.data)] if keep_history else None
-        )
+        self._history: list[tuple[float, D]] | None = [(0.0, empty)] if keep_history else None
         self._log = log
         #: Set by the simulation: told about every grant (for the token check).
         self.on_grant: GrantHook | None = None
         #: Set by the simulation: told about every release (to notify watchers).
         self.on_release: Callable[[], None] | None = None
+        #: Set by the simulation for models that act by themselves (see :data:`Schedule`).
+        self.schedule: Schedule | None = None
         self._labels: dict[str, str] = {}
         self._label_counts: dict[str, int] = {}
+
+    @classmethod
+    @abc.abstractmethod
+    def for_elections(
+        cls,
+        names: Sequence[str],
+        clock: Callable[[], float],
+        *,
+        broken: Broken | None,
+        keep_history: bool,
+        logs: Mapping[str, Log],
+    ) -> dict[str, LeaseModel[Any]]:
+        """One model per election, all on one store (they may share the store's own state)."""
 
     # -- bookkeeping --------------------------------------------------------------
 
@@ -175,16 +238,159 @@ class ModelStore:
     def _clock(self) -> float:
         return self._real_clock() - self.behind
 
-    def _set(self, data: Data) -> None:
+    def _set(self, data: D) -> None:
         self.data = data
         if self._history is not None:
             # Snapshots are taken and chosen on real time.
             self._history.append((self._real_clock(), data))
 
+    def _snapshot(self, as_of: float) -> tuple[float, D]:
+        """The data of real time *as_of* (the latest change before it): (its time, data)."""
+        assert self._history is not None, "restores need keep_history=True"
+        times = [time for time, _ in self._history]
+        index = max(0, bisect.bisect_right(times, as_of) - 1)
+        return self._history[index]
+
+    def incarnation(self) -> str:
+        """The epoch as the trace shows it (Redis: ``epoch N``)."""
+        return f"epoch {self.epoch}"
+
+    def process_witness(self, process: str, alive: Callable[[], bool]) -> CallWitness | None:
+        """What worker *process* keeps across its calls to this store (etcd: revisions seen).
+
+        *alive* tells whether the process still runs. None when the process
+        keeps nothing (its calls go straight through).
+        """
+        return None
+
+    # -- the store protocol (what LeaseManager calls) ------------------------------
+
+    @abc.abstractmethod
+    def acquire(self, name: str, holder: Holder, ttl: float, min_token: int = 0) -> AcquireResult:
+        """Take the lease when free or ours."""
+
+    @abc.abstractmethod
+    def renew(self, name: str, lease_id: str, ttl: float) -> bool:
+        """Extend our live lease."""
+
+    @abc.abstractmethod
+    def release(self, name: str, lease_id: str) -> bool:
+        """End our live lease and announce it."""
+
+    @abc.abstractmethod
+    def read(self, name: str) -> LeaseRecord | None:
+        """The live lease as a record, or None."""
+
+    @abc.abstractmethod
+    def holds(self, lease_id: str) -> bool:
+        """True while *lease_id* holds the live lease."""
+
+    def get_state(self, name: str) -> dict[str, str]:
+        """Not modelled (the lease manager never uses it): always empty."""
+        return {}
+
+    def set_state(self, name: str, lease_id: str, key: str, value: str) -> bool:
+        """Not modelled: accepted while *lease_id* holds the lease, and forgotten."""
+        return self.holds(lease_id)
+
+    def watch(self, name: str, callback: Callable[[], None]) -> Watch:
+        """Notifications are routed per node by the simulation; this store alone has none."""
+        return NullWatch()
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+    # -- faults every store has ------------------------------------------------------
+
+    def go_down(self) -> None:
+        """The store process stops (a restart begins): nothing happens in it until it is back."""
+
+    @abc.abstractmethod
+    def restart_empty(self) -> None:
+        """The store comes back with no data at all (each model says how that happens)."""
+
+    @abc.abstractmethod
+    def restart_keeping_data(self) -> None:
+        """The store comes back with every write it acknowledged."""
+
+    @abc.abstractmethod
+    def restore(self, as_of: float) -> float:
+        """The store comes back with the data of real time *as_of*; returns the snapshot's time."""
+
+    def snapshot_time(self, as_of: float, *, covered: bool = True) -> float:
+        """When the snapshot was taken that a restore of a save made by *as_of* brings back.
+
+        The save of *as_of* itself, unless a model chooses an earlier one
+        (etcd: one taken between two terms). With *covered*, only a snapshot
+        whose restore the store guarantees to notice.
+        """
+        return as_of
+
+    def step_clock_back(self, seconds: float) -> None:
+        """The store's clock steps back by *seconds* (and runs on from there).
+
+        Live leases last *seconds* longer in real time (their expiry is on
+        this clock). The token rule keeps tokens rising with the counter; it
+        assumes the clock does not go back past a token granted before data
+        is lost (see :func:`celery_leader.stores.rules.next_token`), so the
+        simulation never loses data in a run whose clock steps back.
+        """
+        self.behind += seconds
+
+
+class ModelStore(LeaseModel[Data]):
+    """The Redis store's state machine, driven at the times the network delivers requests."""
+
+    name: ClassVar[str] = "redis"
+    # It models the Redis store, so it claims what that store claims.
+    capabilities: ClassVar[frozenset[Capability]] = RedisLeaseStore.capabilities
+    ttl_range: ClassVar[tuple[float | None, float | None]] = RedisLeaseStore.ttl_range
+    breaks: ClassVar[frozenset[Broken]] = WORKER_BREAKS | {
+        Broken.SNAPSHOT_KEEPS_EPOCH,
+        Broken.NO_HOLD_OFF,
+        Broken.COUNTER_ONLY_TOKENS,
+        Broken.CLOCK_ONLY_TOKENS,
+        Broken.BALANCER_TAKES_EARLY,
+    }
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        *,
+        broken: Broken | None = None,
+        keep_history: bool = False,
+        reads_epoch: bool = True,
+        log: Log | None = None,
+    ) -> None:
+        super().__init__(clock, Data(), broken=broken, keep_history=keep_history, log=log)
+        #: False models an ACL user refused INFO: the epoch is unknown to acquire.
+        self.reads_epoch = reads_epoch
+
+    @classmethod
+    def for_elections(
+        cls,
+        names: Sequence[str],
+        clock: Callable[[], float],
+        *,
+        broken: Broken | None,
+        keep_history: bool,
+        logs: Mapping[str, Log],
+    ) -> dict[str, LeaseModel[Any]]:
+        """One model per election's lease: one server holds them all, so faults hit all."""
+        return {
+            name: cls(clock, broken=broken, keep_history=keep_history, log=logs[name])
+            for name in names
+        }
+
     def _live(self, now: float) -> Lease | None:
         # A key with a PX expiry is gone once its time has come (on the store's clock).
         lease = self.data.lease
         return lease if lease is not None and lease.expires_at > now else None
+
+    def holds(self, lease_id: str) -> bool:
+        """True while *lease_id* holds the live lease."""
+        current = self._live(self._clock())
+        return current is not None and current.lease_id == lease_id
 
     # -- the store protocol (what LeaseManager calls) ------------------------------
 
@@ -302,22 +508,6 @@ class ModelStore:
             hold_off=max(0.0, lease.hold_until - now),
         )
 
-    def get_state(self, name: str) -> dict[str, str]:
-        """Not modelled (the lease manager never uses it): always empty."""
-        return {}
-
-    def set_state(self, name: str, lease_id: str, key: str, value: str) -> bool:
-        """Not modelled: accepted while *lease_id* holds the lease, and forgotten."""
-        current = self._live(self._clock())
-        return current is not None and current.lease_id == lease_id
-
-    def watch(self, name: str, callback: Callable[[], None]) -> Watch:
-        """Notifications are routed per node by the simulation; this store alone has none."""
-        return NullWatch()
-
-    def close(self) -> None:
-        """Nothing to close."""
-
     # -- faults -------------------------------------------------------------------
 
     def restart_empty(self) -> None:
@@ -343,25 +533,11 @@ class ModelStore:
         Returns the time of the snapshot used. The restored lease keeps its
         absolute expiry, as an RDB file does: it may be gone already on load.
         """
-        assert self._history is not None, "restores need keep_history=True"
-        times = [time for time, _ in self._history]
-        index = max(0, bisect.bisect_right(times, as_of) - 1)
-        taken, data = self._history[index]
+        taken, data = self._snapshot(as_of)
         if self.broken is not Broken.SNAPSHOT_KEEPS_EPOCH:
             self.epoch += 1
         self._set(data)
         return taken
-
-    def step_clock_back(self, seconds: float) -> None:
-        """The store's clock steps back by *seconds* (and runs on from there).
-
-        Live leases last *seconds* longer in real time (their expiry is on
-        this clock). The token rule keeps tokens rising with the counter; it
-        assumes the clock does not go back past a token granted before data
-        is lost (see :func:`celery_leader.stores.rules.next_token`), so the
-        simulation never loses data in a run whose clock steps back.
-        """
-        self.behind += seconds
 
     def evict_lease(self) -> bool:
         """The lease key alone vanishes (maxmemory eviction, an operator's DEL)."""

@@ -21,8 +21,13 @@ A call can return later than its reply when another node's call is nested
 inside it (at most that call's timeout later, per level of nesting): that is
 a thread scheduled late, which the manager must tolerate.
 
-Release notifications (Redis pub/sub) travel the same way: at most once, with
-the reply delay, to every watch that is up.
+Release notifications (Redis pub/sub, PostgreSQL ``NOTIFY``, etcd's watch,
+which also reports an expiry) travel the same way: at most once, with the
+reply delay, to every watch that is up.
+
+A store whose processes keep something across calls (etcd: the highest
+revision seen, see :class:`CallWitness`) makes its calls through that: it
+sees each reply that reaches its caller.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from celery_leader.exceptions import StoreCallTimeoutError, StoreError
-from celery_leader.simulation.model_store import ModelStore
+from celery_leader.simulation.model_store import LeaseModel, ModelStore
 from celery_leader.simulation.scheduler import Owner, Scheduler
 from celery_leader.simulation.trace import Trace
 from celery_leader.stores.base import AcquireResult, Holder, LeaseRecord, Watch
@@ -68,6 +73,15 @@ class Caller(Owner, Protocol):
     rate: float
 
 
+class CallWitness(Protocol):
+    """What a worker process keeps across its store calls (etcd: the revisions it saw)."""
+
+    def call(
+        self, network: Network, caller: Caller, fn: Callable[[], Any], timeout: float, what: str
+    ) -> Any:
+        """Make the call through *network* (as :meth:`Network.call`), seeing its reply."""
+
+
 class _Pending:
     """One call in flight: its outcome, once a reply or the timeout decided it."""
 
@@ -90,7 +104,7 @@ class Network:
     def __init__(
         self,
         sched: Scheduler,
-        store: ModelStore,
+        store: LeaseModel[Any],
         rng: random.Random,
         profile: NetworkProfile,
         trace: Trace,
@@ -253,7 +267,7 @@ class StoreClient:
         network: Network,
         node: Owner,
         watches: list[WatchEntry],
-        store: ModelStore | None = None,
+        store: LeaseModel[Any] | None = None,
     ) -> None:
         self._network = network
         #: The model of this election's lease (one per election; the network's by default).
@@ -263,27 +277,27 @@ class StoreClient:
         self.url = self._store.url
 
     def acquire(self, name: str, holder: Holder, ttl: float, min_token: int = 0) -> AcquireResult:
-        """See :meth:`ModelStore.acquire`."""
+        """See :meth:`LeaseModel.acquire`."""
         return self._store.acquire(name, holder, ttl, min_token)
 
     def renew(self, name: str, lease_id: str, ttl: float) -> bool:
-        """See :meth:`ModelStore.renew`."""
+        """See :meth:`LeaseModel.renew`."""
         return self._store.renew(name, lease_id, ttl)
 
     def release(self, name: str, lease_id: str) -> bool:
-        """See :meth:`ModelStore.release`."""
+        """See :meth:`LeaseModel.release`."""
         return self._store.release(name, lease_id)
 
     def read(self, name: str) -> LeaseRecord | None:
-        """See :meth:`ModelStore.read`."""
+        """See :meth:`LeaseModel.read`."""
         return self._store.read(name)
 
     def get_state(self, name: str) -> dict[str, str]:
-        """See :meth:`ModelStore.get_state`."""
+        """See :meth:`LeaseModel.get_state`."""
         return self._store.get_state(name)
 
     def set_state(self, name: str, lease_id: str, key: str, value: str) -> bool:
-        """See :meth:`ModelStore.set_state`."""
+        """See :meth:`LeaseModel.set_state`."""
         return self._store.set_state(name, lease_id, key, value)
 
     def watch(self, name: str, callback: Callable[[], None]) -> Watch:

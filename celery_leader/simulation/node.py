@@ -42,7 +42,7 @@ from celery_leader.elections.election import Election
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.lease import LeaseEvent, Term
 from celery_leader.lease.timing import LeaseTiming
-from celery_leader.simulation.network import Network, StoreClient, WatchEntry
+from celery_leader.simulation.network import CallWitness, Network, StoreClient, WatchEntry
 from celery_leader.simulation.pool import Judge, Pool, WorkProfile
 from celery_leader.simulation.scheduler import Scheduler
 from celery_leader.simulation.trace import Trace
@@ -113,6 +113,7 @@ class Node:
         election: str = ELECTION,
         client_factory: Callable[[Node, list[WatchEntry]], StoreClient] | None = None,
         acquire_delay: Callable[[], float] | None = None,
+        witness: CallWitness | None = None,
     ) -> None:
         self.name = name
         #: The election (its lease name) this node competes in.
@@ -127,6 +128,8 @@ class Node:
         self._after_code = after_code
         self._on_elected = on_elected
         self._rng = rng
+        #: What its process keeps across store calls (etcd: the revisions it saw), if anything.
+        self._witness = witness
         #: The manager runs (False once stopped or crashed).
         self.alive = True
         #: The process is gone (its published validity is still judged until it ends).
@@ -195,6 +198,8 @@ class Node:
         return (local - self.offset) / self.rate
 
     def _call(self, fn: Callable[[], Any], timeout: float, what: str) -> Any:
+        if self._witness is not None:
+            return self._witness.call(self._network, self, fn, timeout, what)
         return self._network.call(self, fn, timeout, what)
 
     def _live(self) -> bool:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from celery_leader.simulation.model_store import Broken
+from celery_leader.simulation.models import DEFAULT
 from celery_leader.simulation.world import SeedResult, quiet_loggers, simulate
 
 
@@ -40,8 +41,8 @@ class _Chunk:
     terms: int
 
 
-def _run_chunk(args: tuple[Sequence[int], Broken | None, int, bool, int]) -> _Chunk:
-    seeds, broken, trace_limit, every_event, elections = args
+def _run_chunk(args: tuple[Sequence[int], Broken | None, int, bool, int, str, bool]) -> _Chunk:
+    seeds, broken, trace_limit, every_event, elections, store, gaps = args
     failures: list[SeedResult] = []
     events = terms = 0
     with quiet_loggers():
@@ -52,6 +53,8 @@ def _run_chunk(args: tuple[Sequence[int], Broken | None, int, bool, int]) -> _Ch
                 trace_limit=trace_limit,
                 every_event=every_event,
                 elections=elections,
+                store=store,
+                gaps=gaps,
             )
             events += result.events
             terms += result.terms
@@ -68,6 +71,8 @@ def run_seeds(
     trace_limit: int = 30,
     every_event: bool = False,
     elections: int = 1,
+    store: str = DEFAULT,
+    gaps: bool = False,
 ) -> Summary:
     """Run *seeds* on *jobs* processes (default: one per core); see :func:`.world.simulate`."""
     started = time.perf_counter()
@@ -75,7 +80,7 @@ def run_seeds(
     # Small chunks keep the processes evenly busy; each chunk is a slice of seeds.
     size = max(1, min(500, len(seeds) // (jobs * 8) or 1))
     chunks = [
-        (seeds[i : i + size], broken, trace_limit, every_event, elections)
+        (seeds[i : i + size], broken, trace_limit, every_event, elections, store, gaps)
         for i in range(0, len(seeds), size)
     ]
     if jobs == 1:

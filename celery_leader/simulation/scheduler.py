@@ -29,7 +29,9 @@ from typing import Protocol
 class Owner(Protocol):
     """Something whose events wait while it is paused."""
 
-    paused_until: float
+    @property
+    def paused_until(self) -> float:
+        """Its events wait until this (real) time."""
 
 
 class Halt(BaseException):
