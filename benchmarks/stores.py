@@ -1,20 +1,27 @@
-"""The lease stores side by side: call latency, failover, handover, and a failure of the store.
+"""The lease stores side by side: call latency, failover, handover, load, a failure of the store.
 
-Run from the repository root:  .venv/bin/python -m benchmarks.stores [--rounds 5] [--ttl 3]
+Run from the repository root:
+    .venv/bin/python -m benchmarks.stores [--rounds 5] [--ttl 3] [--followers 200]
 
-For each of Redis, Redis Sentinel (a primary, a replica, three sentinels) and
-PostgreSQL, all on loopback:
+For each of Redis, Redis Sentinel (a primary, a replica, three sentinels),
+PostgreSQL and etcd (one member, and three), all on loopback:
 
 * call latency: acquire, renew and release of one client, median and p90 over
   200 calls each;
 * takeover after crash and handover after stop: SIGKILL / SIGTERM of the
   leading lease-manager process to ELECTED on another (benchmarks.lease's
   rounds, on this store);
+* store load with 1 leader and *followers* followers (each its own client,
+  over 4 processes) at steady state, in the store's own counters: Redis
+  commands/s (INFO), PostgreSQL transactions/s (pg_stat_database), etcd gRPC
+  calls/s (its /metrics, summed over the members); and the time to elect
+  among them when all start at one instant;
 * leaderless time across a failure of the store itself, with two nodes: the
   Redis server restarted empty, the Sentinel primary SIGKILLed (the sentinels
   promote the replica), PostgreSQL killed with -9 and started again 1 s
-  later. Leaderless: from the first LOST after the fault to the next
-  ELECTED (0 when the leader kept its lease throughout).
+  later, the one etcd member killed and started again 1 s later, etcd's
+  leader member of three SIGKILLed. Leaderless: from the first LOST after
+  the fault to the next ELECTED (0 when the leader kept its lease throughout).
 """
 
 from __future__ import annotations
@@ -24,31 +31,57 @@ import queue
 import signal
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import NamedTuple
+
+import psycopg
+import redis
 
 from benchmarks.lease import failover_rounds, warm
 from benchmarks.stats import spread
+from benchmarks.swarm import swarm
 from celery_leader.demo.group import NodeGroup
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
-from harness.servers import PostgresServer, RedisServer, SentinelRedis
+from harness.servers import EtcdCluster, PostgresServer, RedisServer, SentinelRedis
 
 CALLS = 200
 
 
+class Running(NamedTuple):
+    """A store up for the benchmark."""
+
+    url: str
+    #: Fail the store (it comes back by itself or is brought back).
+    fail: Callable[[], None]
+    #: The store's own count of the requests it served so far.
+    served: Callable[[], float]
+    #: What :attr:`served` counts.
+    unit: str
+
+
+def _redis_commands(url: str) -> Callable[[], float]:
+    def served() -> float:
+        with redis.Redis.from_url(url) as client:
+            return float(client.info("stats")["total_commands_processed"]) - 1  # our INFO
+
+    return served
+
+
 @contextmanager
-def redis_store(tmp: Path) -> Iterator[tuple[str, Callable[[], None]]]:
+def redis_store(tmp: Path) -> Iterator[Running]:
     server = RedisServer(tmp).start()
     try:
-        yield server.url, server.restart_empty
+        yield Running(server.url, server.restart_empty, _redis_commands(server.url), "commands")
     finally:
         server.stop()
 
 
 @contextmanager
-def sentinel_store(tmp: Path) -> Iterator[tuple[str, Callable[[], None]]]:
+def sentinel_store(tmp: Path) -> Iterator[Running]:
     servers = SentinelRedis(tmp).start()
 
     def fail() -> None:
@@ -57,14 +90,19 @@ def sentinel_store(tmp: Path) -> Iterator[tuple[str, Callable[[], None]]]:
         servers.server_on(port).stop()
         servers.wait_failover(port)
 
+    def served() -> float:
+        port = servers.primary_port()
+        assert port is not None
+        return _redis_commands(servers.server_on(port).url)()
+
     try:
-        yield servers.url, fail
+        yield Running(servers.url, fail, served, "commands")
     finally:
         servers.stop()
 
 
 @contextmanager
-def postgres_store(tmp: Path) -> Iterator[tuple[str, Callable[[], None]]]:
+def postgres_store(tmp: Path) -> Iterator[Running]:
     server = PostgresServer().start()
 
     def fail() -> None:
@@ -72,13 +110,77 @@ def postgres_store(tmp: Path) -> Iterator[tuple[str, Callable[[], None]]]:
         time.sleep(1.0)
         server.start()
 
+    def served() -> float:
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            row = conn.execute(
+                "SELECT xact_commit + xact_rollback FROM pg_stat_database"
+                " WHERE datname = current_database()"
+            ).fetchone()
+        assert row is not None
+        return float(row[0]) - 2  # our own two
+
     try:
-        yield server.url, fail
+        yield Running(server.url, fail, served, "transactions")
     finally:
         server.stop()
 
 
-STORES = {"Redis": redis_store, "Redis Sentinel": sentinel_store, "PostgreSQL": postgres_store}
+def _etcd_calls(cluster: EtcdCluster) -> Callable[[], float]:
+    """gRPC calls started on every member (the JSON gateway turns each request into one)."""
+
+    def served() -> float:
+        total = 0.0
+        for member in cluster.members:
+            with urllib.request.urlopen(f"{member.client_url}/metrics", timeout=5) as answer:
+                for line in answer.read().decode().splitlines():
+                    if line.startswith("grpc_server_started_total{"):
+                        total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    return served
+
+
+@contextmanager
+def etcd_store(tmp: Path, size: int) -> Iterator[Running]:
+    cluster = EtcdCluster(tmp, size=size).start()
+
+    def fail() -> None:
+        leader = cluster.wait_leader()
+        leader.kill()
+        time.sleep(1.0)
+        if size == 1:
+            leader.restart()
+        else:  # the other two elect a new leader member; this one rejoins later
+            cluster.wait_leader(timeout=20, other_than=leader)
+            leader.restart()
+
+    try:
+        yield Running(cluster.url, fail, _etcd_calls(cluster), "gRPC calls")
+    finally:
+        cluster.close()
+
+
+STORES: dict[str, Callable[[Path], AbstractContextManager[Running]]] = {
+    "Redis": redis_store,
+    "Redis Sentinel": sentinel_store,
+    "PostgreSQL": postgres_store,
+    "etcd, 1 member": lambda tmp: etcd_store(tmp, 1),
+    "etcd, 3 members": lambda tmp: etcd_store(tmp, 3),
+}
+
+
+def store_load(store: Running, ttl: float, followers: int) -> tuple[float, float]:
+    """(time to elect among 1 + *followers*, the store's requests per second at steady state)."""
+    name = f"bench-load-{followers}"
+    warm(store.url, name)
+    with swarm(store.url, name, ttl, followers + 1, 4) as running:
+        elect = running.first_election(timeout=ttl * 3 + 20)
+        time.sleep(ttl)  # settle into steady state
+        before, started = store.served(), time.monotonic()
+        time.sleep(max(10.0, ttl * 3))
+        after, ended = store.served(), time.monotonic()
+    return elect, (after - before) / (ended - started)
 
 
 def latencies(url: str) -> dict[str, list[float]]:
@@ -135,13 +237,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--ttl", type=float, default=3.0)
+    parser.add_argument("--followers", type=int, default=200)
+    parser.add_argument("--only", nargs="+", choices=list(STORES), help="these stores only")
     args = parser.parse_args()
     rows: list[tuple[str, str, tuple[float, float, float]]] = []
     with tempfile.TemporaryDirectory() as scratch:
         for label, running in STORES.items():
-            workdir = Path(scratch) / label.replace(" ", "-")
+            if args.only and label not in args.only:
+                continue
+            workdir = Path(scratch) / label.replace(" ", "-").replace(",", "")
             workdir.mkdir()
-            with running(workdir) as (url, fail):
+            with running(workdir) as store:
+                url, fail = store.url, store.fail
+                elect, load = store_load(store, args.ttl, args.followers)
+                crowd = f"1 + {args.followers} followers"
+                rows.append((label, f"time to elect among {crowd}, s", (elect, elect, elect)))
+                rows.append((label, f"{store.unit}/s with {crowd}", (load, load, load)))
                 for what, values in latencies(url).items():
                     rows.append((label, f"{what}, ms", spread([v * 1000 for v in values])))
                 for what, sig in (("takeover after crash, s", signal.SIGKILL),
