@@ -10,7 +10,8 @@ Connect as with any Celery signal::
 ``sender`` is the worker's nodename (``celery@host``). Every signal carries
 ``name`` (the election) and ``token`` (the term's fencing token);
 ``leader_lost`` also carries ``reason`` (``"renew-rejected"``,
-``"store-unreachable"``, ``"expired"`` or ``"not-live"``).
+``"store-unreachable"``, ``"expired"`` or ``"not-live"``);
+``leader_task_skipped`` carries ``task``, ``task_id``, ``reason`` and ``key``.
 
 Receivers run in a dedicated thread, in order, never in the lease manager's
 thread: a slow receiver cannot delay a renewal. One that raises is logged.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from celery.utils.dispatch import Signal
 
-__all__ = ["leader_elected", "leader_lost", "leader_released"]
+__all__ = ["leader_elected", "leader_lost", "leader_released", "leader_task_skipped"]
 
 #: This worker became leader. Arguments: ``token``, ``name``.
 leader_elected = Signal(name="leader_elected")
@@ -28,3 +29,6 @@ leader_elected = Signal(name="leader_elected")
 leader_lost = Signal(name="leader_lost")
 #: This worker gave leadership up (step-down, shutdown). Arguments: ``token``, ``name``.
 leader_released = Signal(name="leader_released")
+#: The leader acknowledged a message without running it. Arguments: ``token``, ``name``,
+#: ``task`` (the task's name), ``task_id``, ``reason`` (``"overlap"``) and ``key``.
+leader_task_skipped = Signal(name="leader_task_skipped")

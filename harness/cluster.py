@@ -37,6 +37,9 @@ LEADER_TASKS = (
     "long_terminate",
     "gil_terminate",
     "poll_cancel",
+    "overlap_skip",
+    "overlap_buffer",
+    "overlap_account",
 )
 RABBITMQ_URL = os.environ.get("LEADER_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 RABBITMQCTL = "/usr/sbin/rabbitmqctl"

@@ -19,6 +19,8 @@ metric                                              type       meaning
 ``celery_leader_renew_seconds``                     histogram  time one renewal took
 ``celery_leader_term_started_timestamp_seconds``    gauge      on the leader: when its term began
 ``celery_leader_leader_seen_timestamp_seconds``     gauge      when this process last saw a holder
+``celery_leader_tasks_skipped_total``               counter    messages acknowledged without
+                                                               running, by ``task`` and ``reason``
 ==================================================  =========  =====================================
 
 Guarantees: every series exists from the moment the election is attached,
@@ -43,6 +45,7 @@ from typing import Any
 from celery_leader.exceptions import STORE_ERROR_KINDS, ConfigurationError
 from celery_leader.lease import EventKind, LeaseEvent, LossReason, Observation, ObservationKind
 from celery_leader.settings import MetricsSettings
+from celery_leader.signals import leader_task_skipped
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
@@ -109,6 +112,18 @@ class LeaderMetrics:
             registry=registry,
         )
 
+        self.skipped = Counter(
+            "celery_leader_tasks_skipped",
+            "Leader messages acknowledged without running, by task and reason",
+            (*labels, "task", "reason"),
+            registry=registry,
+        )
+        leader_task_skipped.connect(self._on_skipped, weak=False)
+
+    def _on_skipped(self, sender: Any = None, **fields: Any) -> None:
+        """A ``leader_task_skipped`` signal (the worker's signal thread)."""
+        self.skipped.labels(fields["name"], fields["task"], fields["reason"]).inc()
+
     def _families(self) -> tuple[Any, ...]:
         return (
             self.is_leader,
@@ -120,6 +135,7 @@ class LeaderMetrics:
             self.renew_seconds,
             self.term_started,
             self.leader_seen,
+            self.skipped,
         )
 
     def forget_inherited(self) -> None:

@@ -36,6 +36,10 @@ class LeaderTaskMixin:
     leader_on_loss: str | None = None
     #: The task's election (``@leader_only(election=...)``); None: the default election.
     leader_election: str | None = None
+    #: ``@leader_only(overlap=...)``: ``"allow"``, ``"skip"`` or ``"buffer_one"``.
+    leader_overlap: str = "allow"
+    #: ``@leader_only(overlap_key=...)``: argument names; None keys runs by the task's name.
+    leader_overlap_key: tuple[str, ...] | None = None
     Request = REQUEST_CLASS
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:

@@ -14,6 +14,7 @@ from celery.local import Proxy
 from celery_leader.exceptions import ConfigurationError
 from celery_leader.settings import check_election_name
 from celery_leader.tasks.base import LeaderTaskMixin
+from celery_leader.tasks.overlap import Overlap, check_key_names
 from celery_leader.tasks.registry import _label, _lock, _Spec, _specs
 from celery_leader.tasks.routing import ensure_router, route_leader_task
 from celery_leader.term_end import OnLoss
@@ -63,6 +64,17 @@ def _leaderize(task: Any, spec: _Spec) -> Any:
         if spec.acks_late is None and explicit is False and task.app.conf.task_acks_late:
             spec.acks_late = False  # said explicitly: differs from the app's default
     task.acks_late = True if spec.acks_late is None else spec.acks_late
+    if spec.overlap != Overlap.ALLOW and not task.acks_late:
+        # The gate knows a run is over when its message is acknowledged: at its end
+        # only with acks_late. Said explicitly on the task class, not to @leader_only.
+        logger.warning(
+            "celery-leader: %s has overlap=%r, which needs acks_late: it is acks_late",
+            task.name,
+            spec.overlap,
+        )
+        task.acks_late = True
+    task.leader_overlap = spec.overlap
+    task.leader_overlap_key = spec.overlap_key
     if spec.on_loss is not None:
         task.leader_on_loss = spec.on_loss
     task.leader_election = spec.election
@@ -163,6 +175,8 @@ def leader_only(
     on_loss: str | None = None,
     acks_late: bool | None = None,
     election: str | None = None,
+    overlap: str = "allow",
+    overlap_key: list[str] | tuple[str, ...] | None = None,
 ) -> Callable[[T], T]: ...
 
 
@@ -172,6 +186,8 @@ def leader_only(
     on_loss: str | None = None,
     acks_late: bool | None = None,
     election: str | None = None,
+    overlap: str = "allow",
+    overlap_key: list[str] | tuple[str, ...] | None = None,
 ) -> Any:
     """Make a Celery task leader-only. Use it as the outermost decorator.
 
@@ -187,10 +203,30 @@ def leader_only(
     queue ``"<leader_name>.<election>.leader"``, so its runs may lead on
     another worker than the default election's. None (the default): the
     default election.
+
+    ``overlap`` says what a message does when a run of its key is in
+    progress on the leader: ``"allow"`` (default) runs it beside;
+    ``"skip"`` acknowledges it without running (result state ``SKIPPED``);
+    ``"buffer_one"`` waits for the running one, at most one per key (a
+    further one is skipped). The key is the task's name, or with
+    ``overlap_key`` (argument names) the name and those arguments' values.
+    Kept in the leader's main process, never in a store: nothing is left
+    behind by a crash, a kill, a revoke or a lease loss. Needs ``acks_late``
+    (the default). See :mod:`celery_leader.worker.overlap`.
     """
     OnLoss.parse(on_loss)
     if election is not None:
         check_election_name(election, "@leader_only(election)")
+    policy = Overlap.parse(overlap)
+    if overlap_key is not None and policy is Overlap.ALLOW:
+        raise ConfigurationError(
+            "@leader_only(overlap_key) needs overlap='skip' or overlap='buffer_one'"
+        )
+    if policy is not Overlap.ALLOW and acks_late is False:
+        raise ConfigurationError(
+            f"@leader_only(overlap={policy.value!r}) needs acks_late: the leader knows a run"
+            " is over when its message is acknowledged at its end"
+        )
 
     def wrap(target: Any) -> Any:
         # type(), never isinstance() or hasattr(): on a lazy proxy those evaluate
@@ -203,11 +239,12 @@ def leader_only(
                 "@leader_only must be the outermost decorator, over @app.task or "
                 f"@shared_task; it was given {target!r}"
             )
-        spec = _Spec(target, on_loss, acks_late, election)
+        spec = _Spec(target, on_loss, acks_late, election, overlap=policy.value)
         if is_proxy:
             _describe(spec)
         else:
-            spec.app, spec.name = target.app, target.name
+            spec.app, spec.name, spec.fun = target.app, target.name, target.run
+        spec.overlap_key = check_key_names(overlap_key, spec.fun, _label(spec))
         with _lock:
             _specs.append(spec)
         if not is_proxy:

@@ -21,6 +21,9 @@ class _Spec:
     on_loss: str | None
     acks_late: bool | None
     election: str | None = None
+    #: ``@leader_only(overlap=...)``, parsed, and ``overlap_key`` (None: the task's name).
+    overlap: str = "allow"
+    overlap_key: tuple[str, ...] | None = None
     app: Any = None
     name: str | None = None
     fun: Any = None

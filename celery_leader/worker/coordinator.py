@@ -43,6 +43,7 @@ from celery_leader.elections.group import ElectionGroup
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.lease import LeaseManager
 from celery_leader.settings import ElectionNames, LeaderSettings, names_for_app
+from celery_leader.signals import leader_task_skipped
 from celery_leader.stores.base import LeaseStore
 from celery_leader.tasks.runtime import install_shared_lease
 from celery_leader.tasks.runtime import shared_lease as installed_shared_lease
@@ -51,6 +52,8 @@ from celery_leader.term_end.in_worker import SnapshotError, Waiting, snapshot
 from celery_leader.term_end.watchdog import Watchdog
 from celery_leader.worker.dispatch import SerialDispatcher
 from celery_leader.worker.eta import held_for_eta
+from celery_leader.worker.overlap import RUN as OVERLAP_RUN
+from celery_leader.worker.overlap import WAIT, Overlaps
 from celery_leader.worker.redelivery import (
     DROP,
     RUN,
@@ -105,6 +108,8 @@ class Coordinator:
         self._signals: SerialDispatcher | None = None
         #: Leader runs by task id, and their messages delivered again meanwhile.
         self.redeliveries = Redeliveries()
+        #: Leader runs by overlap key, and the message each may have waiting.
+        self.overlaps = Overlaps(on_skip=self._skipped)
         #: Ends prefork runs at their term's deadline (see celery_leader.term_end.watchdog).
         self.watchdog = Watchdog(self.group.shared) if pool_kind in KILLABLE_POOLS else None
         self._watchdog_lock = threading.Lock()
@@ -332,15 +337,48 @@ class Coordinator:
             request.acknowledge()
             return False
         logger.warning(describe_parking(request))
-        qos = getattr(self.consumer, "qos", None)
-        if qos is not None and qos.increment_eventually():
-            # The copy must not hold a prefetch slot meanwhile; the slot goes back
-            # to this same consumer's count (a reconnect makes a new one).
-            request.leader_parked_qos = qos
+        self._park(request)
         return False
 
+    def admit_overlap(self, request: Any) -> bool:
+        """True to run *request* now; False when it waits for, or was skipped by, a run of its key.
+
+        Loop thread, at the gate, after :meth:`admit_delivery`. See
+        :mod:`celery_leader.worker.overlap`.
+        """
+        verdict = self.overlaps.admit_request(request)
+        if verdict == OVERLAP_RUN:
+            return True
+        task_ready(request)  # not reserved any more: the hand-back at a term's end skips it
+        if verdict == WAIT:
+            self._park(request)
+        return False
+
+    def _park(self, request: Any) -> None:
+        """Keep *request* aside, unacknowledged, without holding a prefetch slot."""
+        qos = getattr(self.consumer, "qos", None)
+        if qos is not None and qos.increment_eventually():
+            # The slot goes back to this same consumer's count (a reconnect makes a new one).
+            request.leader_parked_qos = qos
+
+    def _skipped(self, request: Any, key: str) -> None:
+        election = request.leader_election or self.lease_of(None)
+        self.send_signal(
+            leader_task_skipped,
+            election,
+            token=request.leader_token,
+            task=request.task.name,
+            task_id=request.id,
+            reason="overlap",
+            key=key,
+        )
+
     def run_settled(self, request: Any, outcome: str) -> None:
-        """The run of *request* ended (any thread): settle the copies that waited for it."""
+        """The run of *request* ended (any thread): settle what waited for it.
+
+        The copies of its message delivered again meanwhile, and the message
+        that waited for its overlap key (it goes to the gate again).
+        """
         copies = self.redeliveries.settle(request, outcome)
         if copies:
             self.post(
@@ -348,6 +386,14 @@ class Coordinator:
                     copies, outcome, redispatch=self._redispatch, unpark=self._unpark
                 )
             )
+        waiting = self.overlaps.settle(request)
+        if waiting is not None:
+
+            def release() -> None:
+                self._unpark(waiting)
+                self._redispatch(waiting)
+
+            self.post(release)
 
     @staticmethod
     def _unpark(request: Any) -> None:

@@ -88,7 +88,7 @@ def _hands_on(exc: Any) -> bool:
 class LeaderRequest(Request):  # type: ignore[misc]
     """A task request that passes the leader gate before it reaches the pool."""
 
-    def revoked(self) -> bool:
+    def revoked(self) -> bool:  # noqa: PLR0911 - one verdict per reason, each said where it falls
         """Revoked by Celery, or not admitted by the gate (then handed back)."""
         if super().revoked():
             return True
@@ -113,6 +113,8 @@ class LeaderRequest(Request):  # type: ignore[misc]
         if _called_from(sys._getframe(1), "execute_using_pool"):
             if self.task.acks_late and not coordinator.admit_delivery(self):
                 return True  # delivered again while its run goes on (see worker.redelivery)
+            if not coordinator.admit_overlap(self):
+                return True  # a run of its key goes on: it waits or is skipped (worker.overlap)
             # The pool gets it next: from now on it belongs to the pool and is
             # never handed back. (Celery also asks revoked() on receipt of a
             # message with an expiry; such a request may still wait for its
@@ -214,6 +216,8 @@ class LeaderRequest(Request):  # type: ignore[misc]
     leader_dispatched = False
     #: How its run settled, once it failed or handed its message on (None: it returned).
     leader_outcome: str | None = None
+    #: Its overlap key, when its task has an overlap policy (see worker.overlap).
+    leader_overlap_key: str | None = None
 
     @property
     def leader_token(self) -> Any:

@@ -39,6 +39,8 @@ app.conf.task_default_queue = f"{app.conf.leader_name}.default"
 app.conf.broker_connection_retry_on_startup = True
 app.conf.worker_hijack_root_logger = False
 app.steps["worker"].add(LeaderElection)
+if os.environ.get("LEADER_RESULTS"):
+    app.conf.result_backend = os.environ["LEADER_RESULTS"]
 fence = RedisFence(
     redis.Redis.from_url(os.environ.get("LEADER_HISTORY", "redis://127.0.0.1:6379/15"))
 )
@@ -222,6 +224,31 @@ def beat_tick(self, entry="tick"):
     history().rpush("history", json.dumps(row))
 
 
+def _overlap_run(task, seconds, tag, **fields):  # type: ignore[no-untyped-def]
+    record("start", task, tag=tag, **fields)
+    time.sleep(seconds)
+    record("end", task, tag=tag, **fields)
+    return tag
+
+
+@leader_only(overlap="skip")
+@app.task(bind=True)
+def overlap_skip(self, seconds, tag):
+    return _overlap_run(self, seconds, tag)
+
+
+@leader_only(overlap="buffer_one")
+@app.task(bind=True)
+def overlap_buffer(self, seconds, tag):
+    return _overlap_run(self, seconds, tag)
+
+
+@leader_only(overlap="skip", overlap_key=["account_id"])
+@app.task(bind=True)
+def overlap_account(self, account_id, seconds=1.0, tag=""):
+    return _overlap_run(self, seconds, tag, account=account_id)
+
+
 if os.environ.get("LEADER_BEAT_EVERY"):
     app.conf.beat_scheduler = "celery_leader.beat:LeaderScheduler"
     app.conf.leader_beat_scheduler = os.environ.get(
@@ -229,9 +256,9 @@ if os.environ.get("LEADER_BEAT_EVERY"):
     )
     app.conf.beat_schedule = {
         "tick": {
-            "task": "tests.integration.leaderapp.beat_tick",
+            "task": os.environ.get("LEADER_BEAT_TASK", "tests.integration.leaderapp.beat_tick"),
             "schedule": float(os.environ["LEADER_BEAT_EVERY"]),
-            "args": ("tick",),
+            "args": tuple(json.loads(os.environ.get("LEADER_BEAT_ARGS", '["tick"]'))),
         },
     }
     if os.environ.get("LEADER_BEAT_MISSED"):

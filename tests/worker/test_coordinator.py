@@ -115,6 +115,9 @@ class Admitting:
 
         return OnLoss.CANCEL
 
+    def admit_overlap(self, request):
+        return True  # no overlap policy on these tasks
+
     def admit_delivery(self, request):
         return True  # no copy of a running message here
 
