@@ -40,6 +40,7 @@ LEADER_TASKS = (
     "overlap_skip",
     "overlap_buffer",
     "overlap_account",
+    "overlap_retry",
 )
 RABBITMQ_URL = os.environ.get("LEADER_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 RABBITMQCTL = "/usr/sbin/rabbitmqctl"

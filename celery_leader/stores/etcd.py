@@ -54,8 +54,9 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, ClassVar, Concatenate, ParamSpec, TypeVar
 from urllib.parse import quote, unquote
 
 from celery_leader._masking import mask_text
@@ -69,7 +70,15 @@ from celery_leader.stores.base import (
     LeaseStoreClass,
     Watch,
 )
-from celery_leader.stores.etcd_gateway import EtcdURL, Gateway, Reply, b64, prefix_end, unb64
+from celery_leader.stores.etcd_gateway import (
+    Deadline,
+    EtcdURL,
+    Gateway,
+    Reply,
+    b64,
+    prefix_end,
+    unb64,
+)
 from celery_leader.stores.watch import Fanout, shared_fanout
 
 logger = logging.getLogger(__name__)
@@ -116,6 +125,14 @@ def _kv(reply: Reply, index: int) -> dict[str, Any] | None:
     return kvs[0] if kvs else None
 
 
+def _int(value: object, default: Any = 0) -> Any:
+    """*value* as an int (etcd sends int64 as strings); *default* for anything else."""
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return default
+
+
 def _value(kv: dict[str, Any]) -> dict[str, Any]:
     try:
         value = json.loads(unb64(kv.get("value", "")))
@@ -158,10 +175,11 @@ class _Witness:
                     " on another cluster" if other else "",
                 )
                 self.replaced_up_to = max(self.replaced_up_to, revision)
-                self._highest = revision
-            elif revision >= self._highest:
-                self._highest = revision
-            self._highest_at = time.monotonic()
+                self._highest, self._highest_at = revision, time.monotonic()
+            elif revision > self._highest:
+                # Only a rise moves the time: a slow reply of an earlier call must not make
+                # a later call's lower revision look concurrent with the highest.
+                self._highest, self._highest_at = revision, time.monotonic()
             self._cluster = cluster
         return cluster
 
@@ -183,6 +201,23 @@ def _witness_for(target: EtcdURL) -> _Witness:
         if witness is None:
             witness = _witnesses[key] = _Witness()
         return witness
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _one_deadline(
+    method: Callable[Concatenate[EtcdLeaseStore, _P], _R],
+) -> Callable[Concatenate[EtcdLeaseStore, _P], _R]:
+    """Bound every call *method* makes by one deadline: the store's timeout for the whole."""
+
+    def bounded(self: EtcdLeaseStore, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._operation():
+            return method(self, *args, **kwargs)
+
+    bounded.__name__, bounded.__doc__ = method.__name__, method.__doc__
+    return bounded
 
 
 class EtcdLeaseStore:
@@ -226,6 +261,19 @@ class EtcdLeaseStore:
         #: (group, member) -> the etcd lease its announcements hang on.
         self._members: dict[tuple[str, str], str] = {}
         self._closed = False
+        self._local = threading.local()
+
+    @contextmanager
+    def _operation(self) -> Iterator[None]:
+        """One deadline (the store's timeout) for every call of one store operation."""
+        if getattr(self._local, "deadline", None) is not None:
+            yield  # nested in an operation: its deadline holds
+            return
+        self._local.deadline = Deadline(self._timeout)
+        try:
+            yield
+        finally:
+            self._local.deadline = None
 
     # -- calls -------------------------------------------------------------------
 
@@ -236,7 +284,8 @@ class EtcdLeaseStore:
         if self._closed:
             raise StoreError(f"lease store {self.url}: {what} after close()")
         sent = time.monotonic()
-        reply = self._gateway.call(path, body, what=what)
+        deadline = getattr(self._local, "deadline", None)
+        reply = self._gateway.call(path, body, what=what, deadline=deadline)
         if path.startswith("kv/"):
             # Only linearizable reads and writes: a member answers a lease call with its own
             # applied revision, which may lag one seen before on another member.
@@ -257,10 +306,10 @@ class EtcdLeaseStore:
         reply = self._call("acquire", "lease/grant", {"TTL": str(_whole_seconds(ttl))})
         return str(reply.body["ID"])
 
-    def _keepalive(self, lease: str, what: str) -> bool:
-        """Keep *lease* alive; False when etcd no longer has it."""
+    def _keepalive(self, lease: str, what: str) -> Reply | None:
+        """Keep *lease* alive: the reply, or None when etcd no longer has it."""
         reply = self._call(what, "lease/keepalive", {"ID": lease})
-        return int(reply.body.get("TTL", 0) or 0) > 0
+        return reply if _int(reply.body.get("TTL")) > 0 else None
 
     def _revoke(self, lease: str) -> None:
         """End *lease* now; an error only lets it run out on its own."""
@@ -300,6 +349,7 @@ class EtcdLeaseStore:
 
     # -- the lease ---------------------------------------------------------------
 
+    @_one_deadline
     def acquire(self, name: str, holder: Holder, ttl: float, min_token: int = 0) -> AcquireResult:
         """Take the lease when free or ours, with a new token; never another holder's."""
         lease_key, term_key, end_key = (self._key(k, name) for k in ("lease", "term", "end"))
@@ -316,7 +366,7 @@ class EtcdLeaseStore:
                 return self._refused(lease_kv, now_us)
             # Our own term (the reply of an earlier acquire was lost): keep its etcd lease.
             etcd_lease = str(lease_kv.get("lease", ""))
-            if not etcd_lease or not self._keepalive(etcd_lease, "acquire"):
+            if not etcd_lease or self._keepalive(etcd_lease, "acquire") is None:
                 return AcquireResult(acquired=False, retry_in=0.0)  # it just ran out: try again
             own_hold_until = int(value.get("hold_until_us", 0) or 0)
             lease_compare = _compare(lease_key, "MOD", str(lease_kv.get("mod_revision", 0)))
@@ -325,15 +375,18 @@ class EtcdLeaseStore:
             lease_compare = _compare(lease_key, "CREATE", "0")
         term = _value(term_kv) if term_kv is not None else None
         cluster = str((look.body.get("header") or {}).get("cluster_id", ""))
-        end_us = int(unb64(end_kv.get("value", "")) or 0) if end_kv is not None else 0
+        end_us = _int(unb64(end_kv.get("value", ""))) if end_kv is not None else 0
+        last = _int(term.get("token"), None) if term is not None else None
         forgot = rules.store_forgot(
-            counter_missing=term is None,
+            counter_missing=last is None,  # no term record, or one nothing of ours wrote
             data_replaced=term is not None
             and (
                 term.get("cluster") != cluster
-                or int((term_kv or {}).get("mod_revision", 0)) <= self._witness.replaced_up_to
+                or _int((term_kv or {}).get("mod_revision")) <= self._witness.replaced_up_to
             ),
-            vanished_early=rules.lease_vanished_early(lease_kv is not None, end_us, latest_us),
+            # On the answering member's clock, whole seconds: a lease that ran out by itself
+            # ended at or after the end recorded at its last renewal.
+            vanished_early=rules.lease_vanished_early(lease_kv is not None, end_us, now_us),
         )
         hold_until, wait_us = rules.hold_off(
             now=now_us,
@@ -342,7 +395,6 @@ class EtcdLeaseStore:
             forgot=forgot,
             now_latest=latest_us,
         )
-        last = int(term["token"]) if term is not None and "token" in term else None
         # The latest time the Date header may stand for, also with a counter: a counter
         # restored from an older snapshot may lag tokens that ran up to a second ahead.
         token = rules.next_token(last, latest_us, min_token)
@@ -367,10 +419,18 @@ class EtcdLeaseStore:
             [_range(lease_key)],
         )
         if not taken.body.get("succeeded"):
+            other = _kv(taken, 0)
+            ours = other is not None and _value(other).get("lease_id") == holder.lease_id
+            if ours and other is not None and str(other.get("lease")) == etcd_lease:
+                # This very transaction landed on a member whose reply was lost, and the
+                # gateway sent it again: the term is ours as written.
+                with self._lock:
+                    self._terms[name] = (holder.lease_id, etcd_lease)
+                token = _int(_value(other).get("token"))
+                return AcquireResult(acquired=True, token=token, hold_off=wait_us / 1e6)
             if granted is not None:
                 self._revoke(granted)
-            other = _kv(taken, 0)
-            if other is not None and _value(other).get("lease_id") != holder.lease_id:
+            if other is not None and not ours:
                 return self._refused(other, now_us)
             return AcquireResult(acquired=False, retry_in=0.0)  # raced another acquire: again
         with self._lock:
@@ -398,21 +458,30 @@ class EtcdLeaseStore:
             renewed_ago=renewed_ago,
         )
 
+    @_one_deadline
     def renew(self, name: str, lease_id: str, ttl: float) -> bool:
         """Keep the term's etcd lease alive, then check the key still hangs on it."""
         etcd_lease = self._our_lease(name, lease_id)
-        if etcd_lease is None or not self._keepalive(etcd_lease, "renew"):
+        kept = self._keepalive(etcd_lease, "renew") if etcd_lease is not None else None
+        if etcd_lease is None or kept is None:
             self._forget_term(name)
             return False
         # After the keep-alive: the key was ours when it ended, and stays as long as the
-        # lease (a key deleted by hand and taken by another is found here).
+        # lease (a key deleted by hand and taken by another is found here). The term's
+        # earliest end moves with it: a key deleted by hand before it holds the next off.
         lease_key = self._key("lease", name)
-        checked = self._txn("renew", [_compare(lease_key, "LEASE", etcd_lease)], [])
+        end_us = int(kept.date * 1e6) + int(ttl * 1e6)
+        checked = self._txn(
+            "renew",
+            [_compare(lease_key, "LEASE", etcd_lease)],
+            [_put(self._key("end", name), str(end_us))],
+        )
         if not checked.body.get("succeeded"):
             self._forget_term(name)
             return False
         return True
 
+    @_one_deadline
     def release(self, name: str, lease_id: str) -> bool:
         """Delete our key (compare-and-set on the term's etcd lease), then revoke the lease."""
         etcd_lease = self._our_lease(name, lease_id)
@@ -429,6 +498,7 @@ class EtcdLeaseStore:
         self._revoke(etcd_lease)
         return bool(released.body.get("succeeded"))
 
+    @_one_deadline
     def read(self, name: str) -> LeaseRecord | None:
         """The live lease of *name*, or None."""
         reply = self._txn("read", [], [_range(self._key("lease", name))])
@@ -437,6 +507,7 @@ class EtcdLeaseStore:
             return None
         return self._record(kv, int(reply.date * 1e6))
 
+    @_one_deadline
     def last_token(self, name: str) -> int | None:
         """The token of the last term of *name*, or None when it never had one."""
         kv = _kv(self._txn("read", [], [_range(self._key("term", name))]), 0)
@@ -445,6 +516,7 @@ class EtcdLeaseStore:
 
     # -- state beside the lease ----------------------------------------------------
 
+    @_one_deadline
     def get_state(self, name: str) -> dict[str, str]:
         """Every key stored for *name*."""
         prefix = self._key("state", name) + "/"
@@ -456,6 +528,7 @@ class EtcdLeaseStore:
             for kv in reply.body.get("kvs") or []
         }
 
+    @_one_deadline
     def set_state(self, name: str, lease_id: str, key: str, value: str) -> bool:
         """Set *key* while *lease_id* holds the lease (one transaction); False otherwise."""
         etcd_lease = self._our_lease(name, lease_id)
@@ -471,11 +544,12 @@ class EtcdLeaseStore:
 
     # -- members (balancing) -----------------------------------------------------
 
+    @_one_deadline
     def announce(self, group: str, member: str, payload: str, ttl: float) -> dict[str, str]:
         """See :class:`~celery_leader.stores.base.Presence` (expiry on the readers' clocks)."""
         with self._lock:
             etcd_lease = self._members.get((group, member))
-        if etcd_lease is None or not self._keepalive(etcd_lease, "presence"):
+        if etcd_lease is None or self._keepalive(etcd_lease, "presence") is None:
             # The key outlives its announced end by a second or more: readers judge the end.
             etcd_lease = self._grant(ttl + 1)
             with self._lock:
@@ -499,6 +573,7 @@ class EtcdLeaseStore:
                 members[unquote(unb64(kv["key"])[len(prefix) :])] = str(value.get("payload", ""))
         return members
 
+    @_one_deadline
     def withdraw(self, group: str, member: str) -> None:
         """See :class:`~celery_leader.stores.base.Presence`."""
         with self._lock:
@@ -561,13 +636,15 @@ def _watch_stream(url: str, timeout: float) -> Callable[[Fanout], None]:
                 # witness how far the data went (a restore behind it is then noticed).
                 create = {"key": key, "range_end": end, "start_revision": str(start)}
                 for message in gateway.stream("watch", {"create_request": create}, idle=WATCH_IDLE):
-                    failures = 0
                     result = message.get("result") or {}
                     if "error" in message:
                         raise StoreError(f"watch failed: {message['error']}")  # noqa: TRY301
-                    if result.get("canceled") or int(result.get("compact_revision", 0) or 0):
-                        start = None  # its history is gone: begin again from now
-                        break
+                    if result.get("canceled") or _int(result.get("compact_revision")):
+                        # Its history is gone (or it was refused): begin again from now,
+                        # after a back-off like any failure (a refusal must not spin).
+                        start = None
+                        raise StoreError("watch canceled")  # noqa: TRY301
+                    failures = 0
                     for event in result.get("events") or []:
                         kv = event.get("kv") or {}
                         revision = int(kv.get("mod_revision", 0) or 0)
@@ -589,6 +666,8 @@ def _watch_stream(url: str, timeout: float) -> Callable[[Fanout], None]:
 def _forget_after_fork() -> None:
     global _witnesses_lock  # noqa: PLW0603 - the child's own registry
     _witnesses_lock = threading.Lock()
+    for witness in _witnesses.values():  # a lock a parent's thread held stays held
+        witness._lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)

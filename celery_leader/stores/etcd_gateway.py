@@ -31,6 +31,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
@@ -104,6 +105,14 @@ class EtcdURL(NamedTuple):
     tls: dict[str, str]
     """``cacert``, ``cert``, ``key``: the files given in the query."""
 
+    def __repr__(self) -> str:
+        """Everything but the password."""
+        password = None if self.password is None else "***"
+        return (
+            f"EtcdURL(endpoints={self.endpoints!r}, prefix={self.prefix!r}, user={self.user!r},"
+            f" password={password!r}, tls={self.tls!r})"
+        )
+
     @classmethod
     def parse(cls, url: str) -> EtcdURL:
         """Parse *url*; a bad one raises ConfigurationError naming the setting (secrets masked)."""
@@ -113,9 +122,10 @@ class EtcdURL(NamedTuple):
             raise ConfigurationError(
                 f"leader_backend_url={shown}: an etcd store URL starts with etcd:// or etcds://"
             )
-        head, _, query = rest.partition("?")
-        at = head.rfind("@")  # a password may hold "/" or "@": the last "@" ends it
-        userinfo, hosts_and_path = (head[:at], head[at + 1 :]) if at >= 0 else ("", head)
+        # A password may hold "/", "?" or "@": the last "@" of the whole URL ends it.
+        at = rest.rfind("@")
+        userinfo, after = (rest[:at], rest[at + 1 :]) if at >= 0 else ("", rest)
+        hosts_and_path, _, query = after.partition("?")
         hosts, _, path = hosts_and_path.partition("/")
         user, colon, password = userinfo.partition(":")
         endpoints = []
@@ -170,11 +180,14 @@ class Reply(NamedTuple):
     date: float
 
 
-class _Deadline:
+class Deadline:
+    """The monotonic time by which a whole store operation (several calls) must be over."""
+
     def __init__(self, seconds: float) -> None:
         self.end = time.monotonic() + seconds
 
     def left(self) -> float:
+        """Seconds left (negative once passed)."""
         return self.end - time.monotonic()
 
 
@@ -195,6 +208,7 @@ class Gateway:
         self._token: str | None = None
         self._session: Any = None
         self._pid = -1
+        _gateways.add(self)
 
     # -- connections -----------------------------------------------------------
 
@@ -229,33 +243,43 @@ class Gateway:
         with self._lock:
             self._current = self.target.endpoints.index(endpoint)
 
-    def headers(self) -> dict[str, str]:
+    def headers(self, deadline: Deadline | None = None) -> dict[str, str]:
         """The authorization header, when the store has a user (authenticating first if needed)."""
         if self.target.user is None:
             return {}
         if self._token is None or self._pid != os.getpid():
-            self._authenticate()
+            self._authenticate(deadline or Deadline(self.timeout))
         return {"Authorization": self._token or ""}
 
-    def _authenticate(self) -> None:
+    def _authenticate(self, deadline: Deadline) -> None:
         body = {"name": self.target.user, "password": self.target.password or ""}
-        reply = self._post("auth/authenticate", body, what="authenticate", auth=False)
+        reply = self._post(
+            "auth/authenticate", body, what="authenticate", auth=False, deadline=deadline
+        )
         self._token = str(reply.body.get("token") or "")
 
     # -- calls -----------------------------------------------------------------
 
-    def call(self, path: str, body: dict[str, Any], *, what: str) -> Reply:
-        """POST *body* to ``/v3/<path>``; the answer, or StoreError within about the timeout."""
+    def call(
+        self, path: str, body: dict[str, Any], *, what: str, deadline: Deadline | None = None
+    ) -> Reply:
+        """POST *body* to ``/v3/<path>``; the answer, or StoreError by *deadline*.
+
+        *deadline* bounds the whole store operation this call is part of (its
+        other calls, a login included); None: this call alone, the timeout.
+        """
+        deadline = deadline or Deadline(self.timeout)
         try:
-            return self._post(path, body, what=what, auth=True)
+            return self._post(path, body, what=what, auth=True, deadline=deadline)
         except _ExpiredTokenError:
             self._token = None  # etcd's simple tokens expire (5 min by default): log in again
-            return self._post(path, body, what=what, auth=True)
+            return self._post(path, body, what=what, auth=True, deadline=deadline)
 
-    def _post(self, path: str, body: dict[str, Any], *, what: str, auth: bool) -> Reply:
+    def _post(
+        self, path: str, body: dict[str, Any], *, what: str, auth: bool, deadline: Deadline
+    ) -> Reply:
         requests = self._requests
         session = self.session()
-        deadline = _Deadline(self.timeout)
         endpoints = self.endpoints()
         failure: StoreError | None = None
         for index, endpoint in enumerate(endpoints):
@@ -265,7 +289,10 @@ class Gateway:
             if budget <= _TOO_SHORT:
                 break
             try:
-                headers = self.headers() if auth else {}
+                headers = self.headers(deadline) if auth else {}
+                budget = min(budget, deadline.left())
+                if budget <= _TOO_SHORT:
+                    break
                 response = session.post(
                     f"{endpoint}/v3/{path}", json=body, headers=headers, timeout=budget
                 )
@@ -357,7 +384,9 @@ def _error_of(answer: dict[str, Any], reason: str) -> tuple[int, str]:
     """The gRPC code and message of an error answer (unary and streaming calls word it apart)."""
     error = answer.get("error")
     if isinstance(error, dict):  # a streaming call (lease/keepalive): {"error": {...}}
-        return int(error.get("grpc_code", 0) or 0), str(error.get("message") or reason)
+        # etcd 3.4/3.5 (grpc-gateway v1) say grpc_code; 3.6 (v2) says code.
+        code = error.get("grpc_code", error.get("code", 0))
+        return int(code or 0), str(error.get("message") or reason)
     return int(answer.get("code", 0) or 0), str(answer.get("message") or error or reason)
 
 
@@ -375,3 +404,16 @@ def _date_of(response: Any) -> float:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+#: Every gateway of this process, for the fork handler.
+_gateways: weakref.WeakSet[Gateway] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A lock a parent's thread held at the fork stays held in the child: new ones."""
+    for gateway in list(_gateways):
+        gateway._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

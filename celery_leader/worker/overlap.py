@@ -42,17 +42,27 @@ SKIPPED = "SKIPPED"
 
 
 class Overlaps:
-    """The runs of this worker by overlap key, with the one message each may have waiting.
+    """The runs of this worker by overlap key, with the messages that wait for each.
 
     *on_skip* is told of each message skipped, with its key (for the
-    ``leader_task_skipped`` signal and the metric).
+    ``leader_task_skipped`` signal and the metric); *background* runs the
+    result-backend writes off the consumer's loop (a slow backend must not
+    hold the gate).
     """
 
-    def __init__(self, on_skip: Callable[[Any, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_skip: Callable[[Any, str], None] | None = None,
+        background: Callable[[Callable[[], None]], None] | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         self._running: dict[str, weakref.ref[Any]] = {}
-        self._waiting: dict[str, Any] = {}
+        #: Per key, in arrival order: what runs when the key's run settles.
+        self._waiting: dict[str, list[Any]] = {}
+        #: Per key, the one message ``buffer_one`` keeps (the others that wait are the run's own).
+        self._buffered: dict[str, Any] = {}
         self._on_skip = on_skip
+        self._background = background or (lambda write: write())
 
     def admit_request(self, request: Any) -> str:
         """The gate's verdict for *request*: :data:`RUN`, :data:`WAIT` or :data:`SKIP`.
@@ -72,7 +82,7 @@ class Overlaps:
         except OverlapKeyError as exc:
             logger.error("celery-leader: %s not run: %s", request.humaninfo(), exc)  # noqa: TRY400
             error = exc
-            _store(task, request.id, lambda backend: backend.mark_as_failure(request.id, error))
+            self._store(task, lambda backend: backend.mark_as_failure(request.id, error))
             request.acknowledge()
             return SKIP
         if key is None:
@@ -81,9 +91,10 @@ class Overlaps:
         verdict = self.admit(request, key, policy)
         if verdict == WAIT:
             logger.info(
-                "celery-leader: %s waits for the run of %s in progress (overlap=buffer_one)",
+                "celery-leader: %s waits for the run of %s in progress (overlap=%s)",
                 request.humaninfo(),
                 key,
+                policy.value,
             )
         elif verdict == SKIP:
             logger.info(
@@ -93,55 +104,96 @@ class Overlaps:
                 policy.value,
             )
             info = {"reason": "overlap", "key": key}
-            _store(task, request.id, lambda store: store.store_result(request.id, info, SKIPPED))
+            self._store(task, lambda store: store.store_result(request.id, info, SKIPPED))
             request.acknowledge()
             if self._on_skip is not None:
                 self._on_skip(request, key)
         return verdict
 
     def admit(self, request: Any, key: str, policy: Overlap) -> str:
-        """:data:`RUN` (now recorded as the key's run), :data:`WAIT` or :data:`SKIP`."""
+        """:data:`RUN` (now recorded as the key's run), :data:`WAIT` or :data:`SKIP`.
+
+        A message the run itself caused always waits, whatever the policy: a
+        retry or a redelivery (the run's task id), or a message the run sent
+        (a chain's next step, a callback, a task sending itself again: the run's
+        id as its parent). Skipping one would lose it, not avoid an overlap.
+        """
         with self._lock:
             ref = self._running.get(key)
             running = ref() if ref is not None else None
-            if running is None or running is request or _settled(running):
+            if running is None or running is request:
                 self._running[key] = weakref.ref(request)
-                if self._waiting.get(key) is request:
-                    del self._waiting[key]
+                self._unwait(key, request)
                 return RUN
-            if policy is Overlap.BUFFER_ONE and key not in self._waiting:
-                self._waiting[key] = request
+            if _follows(request, running):
+                self._wait(key, request)
+                return WAIT
+            if policy is Overlap.BUFFER_ONE and key not in self._buffered:
+                self._buffered[key] = request
+                self._wait(key, request)
                 return WAIT
             return SKIP
 
-    def settle(self, request: Any) -> Any | None:
-        """The run of *request* ended: the message that waited for it, if any (idempotent)."""
+    def _wait(self, key: str, request: Any) -> None:
+        waiting = self._waiting.setdefault(key, [])
+        if not any(other is request for other in waiting):
+            waiting.append(request)
+
+    def _unwait(self, key: str, request: Any) -> None:
+        waiting = self._waiting.get(key, [])
+        self._waiting[key] = [other for other in waiting if other is not request]
+        if not self._waiting[key]:
+            del self._waiting[key]
+        if self._buffered.get(key) is request:
+            del self._buffered[key]
+
+    def settle(self, request: Any) -> list[Any]:
+        """The run of *request* ended: the messages that waited for it, in order (idempotent)."""
         key = getattr(request, "leader_overlap_key", None)
         if key is None:
-            return None
+            return []
         with self._lock:
             ref = self._running.get(key)
             if ref is None or ref() is not request:
-                return None
+                return []
             del self._running[key]
-            return self._waiting.pop(key, None)
+            self._buffered.pop(key, None)
+            return self._waiting.pop(key, [])
+
+    def forget_waiting(self) -> None:
+        """The broker connection is gone: the messages that waited come back from the broker.
+
+        (Celery drops a consumer's unstarted requests on a reconnect; their
+        acknowledgements could not reach the broker anyway.) The runs stay
+        recorded: they go on in the pool.
+        """
+        with self._lock:
+            self._waiting.clear()
+            self._buffered.clear()
 
     def running(self) -> int:
         """How many keys have a run in progress."""
         with self._lock:
             return sum(1 for ref in self._running.values() if ref() is not None)
 
+    def _store(self, task: Any, write: Callable[[Any], Any]) -> None:
+        """Write a result with *write* off the loop, unless the task ignores results."""
+        if getattr(task, "ignore_result", False):
+            return
 
-def _settled(request: Any) -> bool:
-    """True once *request*'s message was acknowledged or rejected (its run is over)."""
-    return bool(getattr(request, "acknowledged", False))
+        def store() -> None:
+            try:
+                write(task.backend)
+            except Exception:
+                logger.exception("celery-leader: could not store the result of a skipped message")
+
+        self._background(store)
 
 
-def _store(task: Any, task_id: str, write: Callable[[Any], Any]) -> None:
-    """Write a result for *task_id* with *write*, unless the task ignores results."""
-    if getattr(task, "ignore_result", False):
-        return
-    try:
-        write(task.backend)
-    except Exception:
-        logger.exception("celery-leader: could not store the result of %s", task_id)
+def _follows(request: Any, running: Any) -> bool:
+    """True when *request* is the running run's own message again, or one the run sent."""
+    run_id = getattr(running, "id", None)
+    return run_id is not None and run_id in (
+        getattr(request, "id", None),
+        getattr(request, "parent_id", None),
+    )

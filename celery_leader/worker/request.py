@@ -67,6 +67,13 @@ def _called_from(frame: FrameType | None, function: str) -> bool:
     return frame is not None and frame.f_code.co_name == function
 
 
+def _terminating(frame: FrameType | None) -> bool:
+    """True when *frame* is Celery announcing a run it terminates (``revoke(terminate=True)``)."""
+    return _called_from(frame, "_announce_revoked") and bool(
+        frame is not None and frame.f_locals.get("terminated")
+    )
+
+
 def _hands_on(exc: Any) -> bool:
     """True for the exceptions by which a task hands its message on instead of failing.
 
@@ -111,8 +118,10 @@ class LeaderRequest(Request):  # type: ignore[misc]
         self._request_dict["leader_election"] = election.name
         self._request_dict["leader_on_loss"] = coordinator.policy_for(self.task).value
         if _called_from(sys._getframe(1), "execute_using_pool"):
-            if self.task.acks_late and not coordinator.admit_delivery(self):
-                return True  # delivered again while its run goes on (see worker.redelivery)
+            if self.task.acks_late:
+                if not coordinator.admit_delivery(self):
+                    return True  # delivered again while its run goes on (see worker.redelivery)
+                self.leader_recorded = True  # settle it, whether it runs, waits or is skipped
             if not coordinator.admit_overlap(self):
                 return True  # a run of its key goes on: it waits or is skipped (worker.overlap)
             # The pool gets it next: from now on it belongs to the pool and is
@@ -139,8 +148,11 @@ class LeaderRequest(Request):  # type: ignore[misc]
         replaces ``on_success`` without calling it, so the failure paths are
         the ones marked.)
         """
-        # Settled first: a copy admitted in between must still find the run.
-        self._run_settled(self.leader_outcome or COMPLETED)
+        # Settled first: a copy admitted in between must still find the run. Not when
+        # Celery acknowledges a run it is terminating (revoke(terminate=True)): the process
+        # may go on (an ignored or handled signal); its end settles it (on_failure).
+        if not (self.time_start and _terminating(sys._getframe(1))):
+            self._run_settled(self.leader_outcome or COMPLETED)
         super().acknowledge()
 
     def reject(self, requeue: bool = False) -> None:
@@ -160,7 +172,7 @@ class LeaderRequest(Request):  # type: ignore[misc]
 
     def _run_settled(self, outcome: str) -> None:
         coordinator = current_coordinator()
-        if coordinator is not None and self.leader_dispatched:
+        if coordinator is not None and (self.leader_dispatched or self.leader_recorded):
             coordinator.run_settled(self, outcome)
 
     def hand_back(self, why: str) -> None:
@@ -214,6 +226,8 @@ class LeaderRequest(Request):  # type: ignore[misc]
     leader_killed = False
     #: Set when the gate handed this request to the pool.
     leader_dispatched = False
+    #: Set when the redelivery record took this request in (it must be settled).
+    leader_recorded = False
     #: How its run settled, once it failed or handed its message on (None: it returned).
     leader_outcome: str | None = None
     #: Its overlap key, when its task has an overlap policy (see worker.overlap).

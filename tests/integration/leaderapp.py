@@ -249,6 +249,17 @@ def overlap_account(self, account_id, seconds=1.0, tag=""):
     return _overlap_run(self, seconds, tag, account=account_id)
 
 
+@leader_only(overlap="skip")
+@app.task(bind=True)
+def overlap_retry(self, tag):
+    """Retries itself once at once: the retry must wait for this run, never be skipped."""
+    record("start", self, tag=tag, retries=self.request.retries)
+    if self.request.retries == 0:
+        raise self.retry(countdown=0, max_retries=1)
+    record("end", self, tag=tag, retries=self.request.retries)
+    return tag
+
+
 if os.environ.get("LEADER_BEAT_EVERY"):
     app.conf.beat_scheduler = "celery_leader.beat:LeaderScheduler"
     app.conf.leader_beat_scheduler = os.environ.get(

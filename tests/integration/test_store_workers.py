@@ -73,7 +73,7 @@ def test_election_step_down_crash_shutdown_and_revocation(kind, cluster_for, tmp
             store.resume()
         cluster.leader_worker(timeout=ttl + 30)
         cluster.send("leader_record", 1)
-        rows = cluster.wait_history(lambda r: len([x for x in runs(r) if "i" in x]) >= 2, 30)
+        rows = cluster.wait_history(lambda r: len([x for x in runs(r, "end") if "i" in x]) >= 2, 30)
         revoked = [r for r in rows if r.get("tag") == "revoked"]
         assert not runs(revoked, "end"), "the terminate run outlived its term"
         starts = [r for r in runs(rows) if "i" in r]

@@ -41,6 +41,19 @@ def test_a_bad_url_names_the_setting_and_the_form(url, why):
     assert why in str(caught.value)
 
 
+@pytest.mark.parametrize("url", ["etcd://root:pa?ss=wd@h1:2379/p", "etcd://root:pa/ss@h1/p"])
+def test_a_password_with_url_characters_never_shows(url):
+    """A password holding "?" or "/" stays out of errors and of the parsed URL's repr."""
+    try:
+        target = EtcdURL.parse(url)
+    except ConfigurationError as exc:
+        text = str(exc)
+    else:
+        text = repr(target)
+        assert target.password is not None and target.password.startswith("pa")
+    assert "ss=wd" not in text and "pa/ss" not in text and "pa?" not in text
+
+
 def test_the_password_is_masked_in_the_url_and_in_errors():
     """Nothing listens on port 9: the error names the store without its password."""
     store = open_store("etcd://root:hunter22@127.0.0.1:9/p", timeout=1)
@@ -338,3 +351,17 @@ def test_a_follower_that_only_watched_notices_a_restore_behind_a_term_it_saw_beg
         assert after.hold_off == pytest.approx(3, abs=0.01), "the restore went unnoticed"
     finally:
         watch.close()
+
+
+def test_a_key_deleted_by_hand_late_in_a_long_term_holds_the_next_holder_off(one):
+    """The term's earliest end moves with each renewal: a lease key deleted by hand after
+    the first ttl still holds the next holder off one ttl (the old one may trust it)."""
+    store = open_store(one.url, timeout=2)
+    assert store.acquire("job", holder("a"), 2).acquired
+    for _ in range(3):  # past the first ttl, renewing
+        time.sleep(0.8)
+        assert store.renew("job", "id-a", 2)
+    deleted = one.etcdctl("del", "celery-leader-test/lease/job")
+    assert deleted.returncode == 0 and deleted.stdout.strip() == "1", deleted.stdout
+    after = open_store(one.url, timeout=2).acquire("job", holder("b"), 2)
+    assert after.acquired and after.hold_off == pytest.approx(2, abs=0.01)

@@ -7,7 +7,7 @@ from celery import Celery
 
 from celery_leader import leader_only
 from celery_leader.exceptions import ConfigurationError
-from celery_leader.tasks.overlap import OverlapKeyError, overlap_key
+from celery_leader.tasks.overlap import Overlap, OverlapKeyError, overlap_key
 from celery_leader.worker.overlap import RUN, SKIP, WAIT, Overlaps
 
 
@@ -77,27 +77,55 @@ def test_the_task_carries_its_policy_and_key_names(app):
 
 
 class FakeRequest:
-    """A request as the record sees it (pure logic: acknowledged or not, and its key)."""
+    """A request as the record sees it (pure logic: its task id, parent and key)."""
 
-    def __init__(self) -> None:
-        self.acknowledged = False
-        self.leader_overlap_key: str | None = None
+    count = 0
+
+    def __init__(self, id: str | None = None, parent_id: str | None = None) -> None:
+        FakeRequest.count += 1
+        self.id = id or f"task-{FakeRequest.count}"
+        self.parent_id = parent_id
+        self.leader_overlap_key: str | None = "k"
 
 
-def test_the_record_runs_one_per_key_lets_one_wait_and_forgets_a_settled_run():
-    from celery_leader.tasks.overlap import Overlap
-
+def test_the_record_runs_one_per_key_lets_one_wait_and_releases_it_when_the_run_settles():
     record = Overlaps()
     first, second, third = FakeRequest(), FakeRequest(), FakeRequest()
-    for request in (first, second, third):
-        request.leader_overlap_key = "k"
     assert record.admit(first, "k", Overlap.BUFFER_ONE) == RUN
     assert record.admit(second, "k", Overlap.BUFFER_ONE) == WAIT
     assert record.admit(third, "k", Overlap.BUFFER_ONE) == SKIP
-    assert record.settle(first) is second
-    assert record.settle(first) is None, "settling twice releases nothing more"
+    assert record.settle(first) == [second]
+    assert record.settle(first) == [], "settling twice releases nothing more"
     assert record.admit(second, "k", Overlap.BUFFER_ONE) == RUN
-    other = FakeRequest()
-    assert record.admit(other, "other", Overlap.SKIP) == RUN, "another key is not held"
-    second.acknowledged = True  # its message settled without a report (a kill)
-    assert record.admit(FakeRequest(), "k", Overlap.SKIP) == RUN
+    assert record.admit(FakeRequest(), "other", Overlap.SKIP) == RUN, "another key is not held"
+
+
+def test_what_the_run_itself_sent_waits_under_skip_too_and_is_never_skipped():
+    """A retry (the run's id), a chain's next step or a callback (the run's id as parent):
+    skipping one would lose it."""
+    record = Overlaps()
+    run = FakeRequest()
+    assert record.admit(run, "k", Overlap.SKIP) == RUN
+    retry = FakeRequest(id=run.id)
+    follow_up = FakeRequest(parent_id=run.id)
+    stranger = FakeRequest()
+    assert record.admit(retry, "k", Overlap.SKIP) == WAIT
+    assert record.admit(follow_up, "k", Overlap.SKIP) == WAIT
+    assert record.admit(stranger, "k", Overlap.SKIP) == SKIP
+    assert record.settle(run) == [retry, follow_up]
+
+
+def test_a_run_the_worker_forgot_holds_nothing_and_a_reconnect_forgets_the_waiting():
+    import gc
+
+    record = Overlaps()
+    run = FakeRequest()
+    assert record.admit(run, "k", Overlap.BUFFER_ONE) == RUN
+    assert record.admit(FakeRequest(), "k", Overlap.BUFFER_ONE) == WAIT
+    record.forget_waiting()  # the broker gives the waiting message back on a reconnect
+    assert record.settle(run) == []
+    again = FakeRequest()
+    assert record.admit(again, "k", Overlap.BUFFER_ONE) == RUN
+    del again
+    gc.collect()
+    assert record.admit(FakeRequest(), "k", Overlap.SKIP) == RUN, "no record outlives its run"
