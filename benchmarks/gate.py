@@ -47,6 +47,11 @@ def make_app(url: str) -> tuple[Celery, dict[str, object]]:
     def leader(i):
         return i
 
+    @leader_only(overlap="skip", overlap_key=["i"])
+    @app.task(name="gatebench.overlap_skip")
+    def skip(i):
+        return i
+
     @app.task(base=QueueOnce, name="gatebench.once")
     def once(i):
         return i
@@ -58,6 +63,7 @@ def make_app(url: str) -> tuple[Celery, dict[str, object]]:
     return app, {
         "plain": plain,
         "leader-only (celery-leader)": leader,
+        'leader-only, overlap="skip"': skip,
         "celery-once (QueueOnce)": once,
         "celery-singleton (Singleton)": singleton,
     }
@@ -67,6 +73,32 @@ def per_call(task, calls: int, offset: int) -> float:  # type: ignore[no-untyped
     started = time.perf_counter()
     for i in range(calls):
         task.delay(offset + i)
+    return (time.perf_counter() - started) / calls
+
+
+class _Request:
+    """What the leader's gate reads of a message (for the decision's own cost)."""
+
+    def __init__(self, task: object, i: int) -> None:
+        self.task, self.id, self.parent_id = task, f"id-{i}", None
+        self.args, self.kwargs = (i,), {}
+        self.acknowledged = False
+        self.leader_overlap_key: str | None = None
+
+    def humaninfo(self) -> str:
+        return self.id
+
+
+def gate_decision(task: object, calls: int) -> float:
+    """Seconds per message of the leader's overlap decision: key, record, settle."""
+    from celery_leader.worker.overlap import Overlaps
+
+    record = Overlaps()
+    requests = [_Request(task, i) for i in range(calls)]
+    started = time.perf_counter()
+    for request in requests:
+        record.admit_request(request)
+        record.settle(request)
     return (time.perf_counter() - started) / calls
 
 
@@ -97,6 +129,17 @@ def main() -> None:
     for name, values in costs.items():
         cost = statistics.median(values)
         print(f"| {name:<32} | {cost * 1e6:11.0f} | {cost / base:8.2f} |")
+    # The overlap policy costs nothing at the sender (routing as any leader-only task);
+    # at the leader it adds one decision per message, in the main process.
+    decisions = {
+        name: statistics.median(gate_decision(tasks[name], args.calls) for _ in range(args.rounds))
+        for name in ("leader-only (celery-leader)", 'leader-only, overlap="skip"')
+    }
+    print(f"\nthe leader's overlap decision per message (key, record, settle), {args.calls}\n")
+    print(f"| {'task kind':<32} | {'µs per message':>14} |")
+    print(f"|{'-' * 34}|{'-' * 16}|")
+    for name, cost in decisions.items():
+        print(f"| {name:<32} | {cost * 1e6:14.1f} |")
 
 
 if __name__ == "__main__":

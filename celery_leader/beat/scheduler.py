@@ -54,7 +54,9 @@ is gone while the store is reachable), releases the lease so that another
 beat sends. It does not compete again for one ttl.
 
 Every message beat sends carries the beat term's fencing token in the header
-``leader_beat_token``; the leader re-checks its lease right before each send.
+``leader_beat_token``, and its occurrence in ``leader_occurrence`` (the entry and
+the slot it was due: :mod:`celery_leader.beat.occurrence`); the leader
+re-checks its lease right before each send.
 From before that check until the send's mark is written, the lease is never
 released (it can only expire, one ttl after its last renewal), so no other
 beat takes over while the send may still land unmarked. Beat's own store
@@ -76,6 +78,7 @@ from typing import Any, TypeVar
 from celery.beat import PersistentScheduler
 from celery.utils.imports import load_extension_class_names, symbol_by_name
 
+from celery_leader.beat.occurrence import OCCURRENCE_HEADER, occurrence_of
 from celery_leader.beat.schedule_file import hold_schedule_file
 from celery_leader.beat.state import ScheduleState, schedule_time, state_of
 from celery_leader.elections.election import Election
@@ -614,11 +617,16 @@ class LeaderSchedulerMixin:
             token = election.leading()
             if token is None:
                 return self.reserve(entry) if advance and self._leader_mode == "reserve" else None  # type: ignore[attr-defined]
+            occurrence = occurrence_of(entry)  # before reserve() moves the last run on
             if advance:
                 entry = self.reserve(entry)  # type: ignore[attr-defined]
             sending = _shallow_copy(entry)
             options = dict(entry.options)
-            options["headers"] = {**(options.get("headers") or {}), TOKEN_HEADER: token}
+            options["headers"] = {
+                **(options.get("headers") or {}),
+                TOKEN_HEADER: token,
+                OCCURRENCE_HEADER: occurrence,
+            }
             sending.options = options
             sent_at = time.time()
             try:

@@ -21,6 +21,9 @@ release and an expiry both delete the key, so both wake them at once.
 
 Expiry is measured by etcd (the leader's clock). Tokens are
 ``max(last + 1, server clock in us, min + 1)`` (:mod:`celery_leader.stores.rules`),
+``last`` being the token ``term/<name>`` holds (not the lease key's create
+revision: that is known only once the transaction has committed, and the
+token must be written by that very transaction),
 the server clock being the ``Date`` header of the member that answered
 (whole seconds): they keep rising after a restore from an older snapshot,
 provided it comes more than a second after the last acquisition and the

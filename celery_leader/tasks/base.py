@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from celery import Task
+from celery.app.task import Context
 
 from celery_leader.exceptions import LeaseLost
 from celery_leader.settings import check_election_name, names_for_app
@@ -25,6 +26,10 @@ logger = logging.getLogger(__name__)
 
 #: The request class of every leader-only task: the worker's gate.
 REQUEST_CLASS = "celery_leader.worker.request:LeaderRequest"
+
+# ``self.request.leader_occurrence`` exists on every run of every task: the header
+# LeaderScheduler puts on what it sends (celery_leader.beat.occurrence), None otherwise.
+Context.leader_occurrence = None
 
 
 class LeaderTaskMixin:

@@ -105,7 +105,7 @@ def overlap_key(
     if not names:
         return str(task.name)
     try:
-        bound = inspect.signature(task.run).bind(*args, **kwargs)
+        bound = _signature(task).bind(*args, **kwargs)
     except TypeError:
         return None
     bound.apply_defaults()
@@ -120,3 +120,12 @@ def overlap_key(
                 " no JSON form: give the task JSON-serialisable values for its overlap_key"
             ) from None
     return f"{task.name}[{','.join(values)}]"
+
+
+def _signature(task: Any) -> inspect.Signature:
+    """The signature of *task*'s function, read once per task (the gate asks per message)."""
+    found = task.__dict__.get("_leader_signature")
+    if found is None:
+        found = inspect.signature(task.run)
+        task.__dict__["_leader_signature"] = found
+    return found  # type: ignore[no-any-return]
