@@ -20,6 +20,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -837,6 +838,14 @@ class EtcdMember(ServerProcess):
 
     def wait_ready(self, timeout: float = 15.0) -> None:
         """Block until a linearizable read works (the member is in a cluster with a leader)."""
+        self._wait_serving(
+            lambda: etcd_post(self.client_url, "/v3/kv/range", {"key": "AA=="}, timeout=1),
+            "serve",
+            timeout,
+        )
+
+    def _wait_serving(self, probe: Callable[[], object], what: str, timeout: float) -> None:
+        """Block until *probe* stops raising OSError or ValueError, while our process runs."""
         assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -844,14 +853,14 @@ class EtcdMember(ServerProcess):
                 code = self.proc.returncode
                 raise RuntimeError(f"etcd {self.name} exited with {code}; see {self.log}")
             try:
-                etcd_post(self.client_url, "/v3/kv/range", {"key": "AA=="}, timeout=1)
+                probe()
             except (OSError, ValueError):
-                time.sleep(0.02)
+                time.sleep(0.01)
                 continue
             # The port may have answered for someone else's server while ours failed to bind.
             if self.proc.poll() is None:
                 return
-        raise RuntimeError(f"etcd {self.name} did not serve within {timeout:g} s; see {self.log}")
+        raise RuntimeError(f"etcd {self.name} did not {what} within {timeout:g} s; see {self.log}")
 
     def bind_failed(self) -> bool:
         """Whether the last start failed because one of the member's ports was taken."""
@@ -864,21 +873,12 @@ class EtcdMember(ServerProcess):
 
     def wait_peer_port(self, timeout: float = 15.0) -> None:
         """Block until the member serves its peer port (before it has a cluster leader)."""
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                code = self.proc.returncode
-                raise RuntimeError(f"etcd {self.name} exited with {code}; see {self.log}")
-            try:
-                with _DIRECT.open(f"{self.peer_url}/version", timeout=1) as response:
-                    response.read()
-            except OSError:
-                time.sleep(0.01)
-                continue
-            if self.proc.poll() is None:  # not someone else's server on the port
-                return
-        raise RuntimeError(f"etcd {self.name}'s peer port did not serve within {timeout:g} s")
+
+        def probe() -> None:
+            with _DIRECT.open(f"{self.peer_url}/version", timeout=1) as response:
+                response.read()
+
+        self._wait_serving(probe, "serve its peer port", timeout)
 
     def status(self, timeout: float = 0.5) -> dict[str, Any] | None:
         """The member's ``/v3/maintenance/status``, or None when it does not answer."""

@@ -76,10 +76,10 @@ from celery_leader.stores.base import (
 from celery_leader.stores.etcd_gateway import (
     Deadline,
     EtcdURL,
-    Gateway,
     Reply,
     b64,
     prefix_end,
+    shared_gateway,
     unb64,
 )
 from celery_leader.stores.watch import Fanout, shared_fanout
@@ -252,7 +252,7 @@ class EtcdLeaseStore:
         return cls(url, timeout)
 
     def __init__(self, url: str, timeout: float) -> None:
-        self._gateway = Gateway(url, timeout)
+        self._gateway = shared_gateway(url, timeout)
         self._address = url
         self.url = self._gateway.url
         self._timeout = timeout
@@ -615,7 +615,7 @@ def _watch_stream(url: str, timeout: float) -> Callable[[Fanout], None]:
     :data:`WATCH_IDLE` seconds is opened again, on the next member if the
     one it used went quiet.
     """
-    gateway = Gateway(url, timeout)
+    gateway = shared_gateway(url, timeout)
     witness = _witness_for(gateway.target)
     prefix = f"{gateway.target.prefix}/lease/"
     key, end = b64(prefix), prefix_end(prefix)

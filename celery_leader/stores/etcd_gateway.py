@@ -408,10 +408,25 @@ def _first_line(exc: BaseException) -> str:
 
 #: Every gateway of this process, for the fork handler.
 _gateways: weakref.WeakSet[Gateway] = weakref.WeakSet()
+#: The gateway of each address (URL and timeout) in this process: its store objects and its
+#: watch share one connection pool and one login, whatever the number of elections.
+_shared: dict[tuple[str, float], Gateway] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_gateway(url: str, timeout: float) -> Gateway:
+    """The :class:`Gateway` of this process for *url* and *timeout*, made on first use."""
+    with _shared_lock:
+        gateway = _shared.get((url, timeout))
+        if gateway is None:
+            gateway = _shared[url, timeout] = Gateway(url, timeout)
+        return gateway
 
 
 def _after_fork_in_child() -> None:
     """A lock a parent's thread held at the fork stays held in the child: new ones."""
+    global _shared_lock  # noqa: PLW0603 - the child's own registry
+    _shared_lock = threading.Lock()
     for gateway in list(_gateways):
         gateway._lock = threading.Lock()
 

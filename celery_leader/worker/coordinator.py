@@ -109,7 +109,7 @@ class Coordinator:
         #: Leader runs by task id, and their messages delivered again meanwhile.
         self.redeliveries = Redeliveries()
         #: Leader runs by overlap key, and the message each may have waiting.
-        self.overlaps = Overlaps(on_skip=self._skipped, background=self._in_background)
+        self.overlaps = Overlaps(on_skip=self._skipped)
         #: Ends prefork runs at their term's deadline (see celery_leader.term_end.watchdog).
         self.watchdog = Watchdog(self.group.shared) if pool_kind in KILLABLE_POOLS else None
         self._watchdog_lock = threading.Lock()
@@ -229,13 +229,6 @@ class Coordinator:
         """The consumer is stopping (shutdown or broker reconnect)."""
         self.consumer = None
         self.overlaps.forget_waiting()
-
-    def _in_background(self, work: Callable[[], None]) -> None:
-        """Run *work* on the signal thread (in order), or here when there is none yet."""
-        if self._signals is None:
-            work()
-        else:
-            self._signals.submit(work)
 
     def post(self, fn: Callable[[], None]) -> None:
         """Run *fn* on the consumer's loop thread; errors are logged, never raised there."""

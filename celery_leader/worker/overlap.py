@@ -45,16 +45,11 @@ class Overlaps:
     """The runs of this worker by overlap key, with the messages that wait for each.
 
     *on_skip* is told of each message skipped, with its key (for the
-    ``leader_task_skipped`` signal and the metric); *background* runs the
-    result-backend writes off the consumer's loop (a slow backend must not
-    hold the gate).
+    ``leader_task_skipped`` signal and the metric). The ``SKIPPED`` result is
+    written where Celery writes a revoked message's: on the consumer's loop.
     """
 
-    def __init__(
-        self,
-        on_skip: Callable[[Any, str], None] | None = None,
-        background: Callable[[Callable[[], None]], None] | None = None,
-    ) -> None:
+    def __init__(self, on_skip: Callable[[Any, str], None] | None = None) -> None:
         self._lock = threading.Lock()
         self._running: dict[str, weakref.ref[Any]] = {}
         #: Per key, in arrival order: what runs when the key's run settles.
@@ -62,7 +57,6 @@ class Overlaps:
         #: Per key, the one message ``buffer_one`` keeps (the others that wait are the run's own).
         self._buffered: dict[str, Any] = {}
         self._on_skip = on_skip
-        self._background = background or (lambda write: write())
 
     def admit_request(self, request: Any) -> str:
         """The gate's verdict for *request*: :data:`RUN`, :data:`WAIT` or :data:`SKIP`.
@@ -176,18 +170,15 @@ class Overlaps:
         with self._lock:
             return sum(1 for ref in self._running.values() if ref() is not None)
 
-    def _store(self, task: Any, write: Callable[[Any], Any]) -> None:
-        """Write a result with *write* off the loop, unless the task ignores results."""
+    @staticmethod
+    def _store(task: Any, write: Callable[[Any], Any]) -> None:
+        """Write a result with *write*, unless the task ignores results."""
         if getattr(task, "ignore_result", False):
             return
-
-        def store() -> None:
-            try:
-                write(task.backend)
-            except Exception:
-                logger.exception("celery-leader: could not store the result of a skipped message")
-
-        self._background(store)
+        try:
+            write(task.backend)
+        except Exception:
+            logger.exception("celery-leader: could not store the result of a skipped message")
 
 
 def _follows(request: Any, running: Any) -> bool:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
 from harness.servers import EtcdCluster
 from tests.chaos.checker import check
+from tests.integration.streaming import streaming
 
 
 def runs(rows, kind="start"):
@@ -26,27 +24,6 @@ def etcd_cluster(cluster_for, tmp_path, request):
     yield cluster, servers
     cluster.close()
     servers.close()
-
-
-@contextmanager
-def streaming(cluster) -> Iterator[list[int]]:  # type: ignore[no-untyped-def]
-    """Send leader_record 0, 1, 2... every 0.1 s while the block runs; the count sent."""
-    sent = [0]
-    stop = threading.Event()
-
-    def stream() -> None:
-        while not stop.is_set():
-            cluster.send("leader_record", sent[0])
-            sent[0] += 1
-            stop.wait(0.1)
-
-    sender = threading.Thread(target=stream, daemon=True)
-    sender.start()
-    try:
-        yield sent
-    finally:
-        stop.set()
-        sender.join(5)
 
 
 @pytest.mark.slow

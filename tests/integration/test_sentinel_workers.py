@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 
 from harness.servers import SentinelRedis
 from tests.chaos.checker import check
+from tests.integration.streaming import streaming
 
 
 @pytest.fixture
@@ -29,18 +29,7 @@ def test_workers_keep_one_leader_through_a_sentinel_failover(sentinel_cluster):
     cluster, servers = sentinel_cluster
     cluster.start(2)
     cluster.leader_worker(timeout=20)
-    sent = [0]
-    stop = threading.Event()
-
-    def stream():
-        while not stop.is_set():
-            cluster.send("leader_record", sent[0])
-            sent[0] += 1
-            stop.wait(0.1)
-
-    sender = threading.Thread(target=stream, daemon=True)
-    sender.start()
-    try:
+    with streaming(cluster) as sent:
         time.sleep(2.0)
         primary = servers.primary_port()
         assert primary is not None
@@ -56,9 +45,6 @@ def test_workers_keep_one_leader_through_a_sentinel_failover(sentinel_cluster):
         resumed = min(r["at"] for r in rows if r["kind"] == "start" and r["at"] > killed_at)
         assert resumed - killed_at < ttl + failover + 6, (resumed - killed_at, failover)
         time.sleep(2.0)
-    finally:
-        stop.set()
-        sender.join(5)
     # Every message ran, and every run wrote its end row (it comes just after the start).
     rows = cluster.wait_history(
         lambda r: {x["i"] for x in r if x["kind"] == "end"} >= set(range(sent[0])), 30

@@ -1,0 +1,32 @@
+"""A stream of leader tasks sent while a test breaks something."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+
+@contextmanager
+def streaming(cluster: Any, every: float = 0.1) -> Iterator[list[int]]:
+    """Send leader_record 0, 1, 2... every *every* seconds while the block runs.
+
+    Yields a one-item list holding how many were sent so far (read it after the block).
+    """
+    sent = [0]
+    stop = threading.Event()
+
+    def stream() -> None:
+        while not stop.is_set():
+            cluster.send("leader_record", sent[0])
+            sent[0] += 1
+            stop.wait(every)
+
+    sender = threading.Thread(target=stream, daemon=True)
+    sender.start()
+    try:
+        yield sent
+    finally:
+        stop.set()
+        sender.join(5)
