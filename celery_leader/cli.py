@@ -603,23 +603,52 @@ def _ask_beat(
 
     channel = step_down_channel(settings.name)
     asking = Holder.for_this_process(f"step-down-{Holder.for_this_process().nodename}")
-    while not _call(ctx, lambda: store.acquire(channel, asking, settings.timing.ttl)).acquired:
+    value = step_down_request(record.token, asking.nodename)
+    write_slot(
+        ctx,
+        store,
+        settings,
+        slot=channel,
+        key=STEP_DOWN_KEY,
+        value=value,
+        deadline=deadline,
+        asking=asking,
+        what="step-down request",
+    )
+
+
+def write_slot(
+    ctx: click.Context,
+    store: LeaseStore,
+    settings: LeaderSettings,
+    *,
+    slot: str,
+    key: str,
+    value: str,
+    deadline: float,
+    asking: Holder,
+    what: str,
+) -> None:
+    """Write *key* into the state of the request slot *slot*, holding its lease for the moment.
+
+    Only a lease holder may write a slot's state, so the command takes the
+    slot's lease, writes and releases it (a concurrent request waits for
+    it, until *deadline*: then exit 1). A write the store refuses exits 2.
+    """
+    while not _call(ctx, lambda: store.acquire(slot, asking, settings.timing.ttl)).acquired:
         if time.monotonic() >= deadline:
-            ctx.obj.echo(f"another step-down request for {settings.name!r} is being written")
+            ctx.obj.echo(f"another {what} for {settings.name!r} is being written")
             ctx.exit(EXIT_NO_LEADER)
         time.sleep(0.05)
     try:
-        value = step_down_request(record.token, asking.nodename)
-        written = _call(
-            ctx, lambda: store.set_state(channel, asking.lease_id, STEP_DOWN_KEY, value)
-        )
+        written = _call(ctx, lambda: store.set_state(slot, asking.lease_id, key, value))
     finally:
         # Written or not, the slot is free again; if the release fails, its lease ends by
         # itself within one ttl (nothing else waits for it but another request).
         with contextlib.suppress(StoreError):
-            store.release(channel, asking.lease_id)
+            store.release(slot, asking.lease_id)
     if not written:
-        _fail(ctx, f"lease store {store.url}: the step-down request could not be written")
+        _fail(ctx, f"lease store {store.url}: the {what} could not be written")
 
 
 def _await_release(
@@ -633,3 +662,9 @@ def _await_release(
             break
         time.sleep(0.05)
     return successor
+
+
+# The schedule commands live in their own module; registered last, as it imports this one.
+from celery_leader.cli_schedule import schedule  # noqa: E402
+
+leader.add_command(schedule)

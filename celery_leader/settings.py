@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import functools
 import logging
+import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -148,12 +149,24 @@ class BeatSettings:
 
     scheduler: str
     standby: Literal["auto", "reserve", "idle"]
-    missed: Mapping[str, str]
-    missed_default: str
+    missed: Mapping[str, str | float]
+    missed_default: str | float
 
-    def missed_policy(self, entry_name: str) -> str:
-        """``"once"`` or ``"skip"`` for *entry_name*."""
+    def missed_policy(self, entry_name: str) -> str | float:
+        """``"once"``, ``"skip"`` or a catch-up window in seconds for *entry_name*."""
         return self.missed.get(entry_name, self.missed_default)
+
+    def catch_up_window(self, entry_name: str) -> float:
+        """How old a missed slot of *entry_name* may be and still be sent at a takeover, seconds.
+
+        ``"once"`` is no limit (infinity), ``"skip"`` is 0 (never sent).
+        """
+        policy = self.missed_policy(entry_name)
+        if policy == "once":
+            return math.inf
+        if policy == "skip":
+            return 0.0
+        return float(policy)
 
 
 @dataclass(frozen=True)
@@ -239,25 +252,42 @@ def beat_settings(conf: Mapping[str, Any]) -> BeatSettings:
             "as 'module:Class'"
         )
     standby = _choice(conf, "leader_beat_standby", STANDBY_MODES, "auto")
-    default = _choice(conf, "leader_beat_missed_default", MISSED_POLICIES, "once")
+    given_default = conf.get("leader_beat_missed_default")
+    default = (
+        "once"
+        if given_default is None or given_default == ""
+        else _missed_policy("leader_beat_missed_default", given_default)
+    )
     missed = conf.get("leader_beat_missed") or {}
     if not isinstance(missed, Mapping):
         raise ConfigurationError(
             f"leader_beat_missed={missed!r} is not allowed: it must be a dict of entry "
-            f"name to one of {', '.join(MISSED_POLICIES)}"
+            f"name to {_MISSED_ALLOWED}"
         )
-    for entry, policy in missed.items():
-        if policy not in MISSED_POLICIES:
-            raise ConfigurationError(
-                f"leader_beat_missed[{entry!r}]={policy!r} is not allowed: use one of "
-                f"{', '.join(MISSED_POLICIES)}"
-            )
+    policies = {
+        str(entry): _missed_policy(f"leader_beat_missed[{entry!r}]", policy)
+        for entry, policy in missed.items()
+    }
     return BeatSettings(
         scheduler=scheduler,
         standby=standby,  # type: ignore[arg-type]
-        missed=dict(missed),
+        missed=policies,
         missed_default=default,
     )
+
+
+_MISSED_ALLOWED = f"one of {', '.join(MISSED_POLICIES)} or a catch-up window in seconds (>= 0)"
+
+
+def _missed_policy(key: str, value: Any) -> str | float:
+    """A missed-slot policy as given: ``"once"``, ``"skip"`` or a window in seconds."""
+    if value in MISSED_POLICIES:
+        return str(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        window = float(value)
+        if math.isfinite(window) and window >= 0:
+            return window
+    raise ConfigurationError(f"{key}={value!r} is not allowed: use {_MISSED_ALLOWED}")
 
 
 @_spelled_as_given
@@ -508,6 +538,15 @@ def step_down_slot(election: str) -> str:
     Used for beat's election, which listens to no broker queue.
     """
     return f"{election}.step-down"
+
+
+def schedule_slot(election: str) -> str:
+    """The lease name beside beat's *election* that holds its schedule controls.
+
+    ``celery leader schedule pause|resume|run`` write there; the beat leader
+    reads it (see :mod:`celery_leader.beat.controls`).
+    """
+    return f"{election}.schedule"
 
 
 @_spelled_as_given

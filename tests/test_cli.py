@@ -16,6 +16,7 @@ import pytest
 
 import celery_leader
 from celery_leader import cli
+from celery_leader.cli_schedule import SCHEDULE_SHORT_HELP
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
 from harness.servers import RedisServer, free_port
@@ -343,7 +344,7 @@ def exit_code_table(help_text: str) -> dict[int, str]:
 
 @pytest.mark.compat
 def test_group_help_shows_each_command_whole(leader_cli: Run) -> None:
-    """leader --help lists status and step-down with their whole short help, nothing cut off."""
+    """leader --help lists its commands with their whole short help, nothing cut off."""
     proc = leader_cli("--help")
     assert proc.returncode == 0, proc.stderr
     listed = {
@@ -351,9 +352,29 @@ def test_group_help_shows_each_command_whole(leader_cli: Run) -> None:
         for line in proc.stdout.split("Commands:\n", 1)[1].splitlines()
         if line.strip()
     }
-    assert listed == {"status": cli.STATUS_SHORT_HELP, "step-down": cli.STEP_DOWN_SHORT_HELP}
+    assert listed == {
+        "schedule": SCHEDULE_SHORT_HELP,
+        "status": cli.STATUS_SHORT_HELP,
+        "step-down": cli.STEP_DOWN_SHORT_HELP,
+    }
     assert "..." not in proc.stdout.split("Commands:\n", 1)[1]
     assert "exit codes" in proc.stdout
+
+
+@pytest.mark.compat
+def test_schedule_help_lists_its_commands_and_exit_codes(leader_cli: Run) -> None:
+    """leader schedule --help lists list, pause, resume and run; each has its exit codes."""
+    proc = leader_cli("schedule", "--help")
+    assert proc.returncode == 0, proc.stderr
+    commands = {
+        line.split()[0]
+        for line in proc.stdout.split("Commands:\n", 1)[1].splitlines()
+        if line.strip()
+    }
+    assert commands == {"list", "pause", "resume", "run"}
+    for command in commands:
+        help_text = leader_cli("schedule", command, "--help").stdout
+        assert set(exit_code_table(help_text)) == {0, 1, 2}, help_text
 
 
 @pytest.mark.compat

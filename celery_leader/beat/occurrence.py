@@ -39,19 +39,28 @@ def format_slot(moment: datetime) -> str:
 def due_slot(entry: Any) -> datetime:
     """When *entry* was due, by its schedule and its last run; now if that cannot be read."""
     try:
-        schedule = entry.schedule
-        last = entry.last_run_at
-        if hasattr(schedule, "remaining_delta"):  # crontab: the next minute after the last run
-            start, ends_in, _now = schedule.remaining_delta(last)
-            return _aware(start + ends_in)
-        if isinstance(getattr(schedule, "run_every", None), timedelta):  # an interval
-            return _aware(schedule.maybe_make_aware(last) + schedule.run_every)
-        remaining = schedule.remaining_estimate(last)  # any other kind (solar, your own)
-        if isinstance(remaining, timedelta):
-            return _aware(schedule.now() + remaining)
+        slot = slot_after(entry.schedule, entry.last_run_at)
     except Exception:  # a schedule of its own kind: its send time then
         logger.debug("celery-leader beat: no due time for %s", entry.name, exc_info=True)
-    return datetime.now(timezone.utc)
+        slot = None
+    return slot if slot is not None else datetime.now(timezone.utc)
+
+
+def slot_after(schedule: Any, last: datetime) -> datetime | None:
+    """The first slot of *schedule* after a run at *last*; None when it cannot tell.
+
+    Crontabs and intervals by their own arithmetic (exact, whatever the
+    clock says now); any other kind as ``now + remaining_estimate(last)``.
+    """
+    if hasattr(schedule, "remaining_delta"):  # crontab: the next minute after the last run
+        start, ends_in, _now = schedule.remaining_delta(last)
+        return _aware(start + ends_in)
+    if isinstance(getattr(schedule, "run_every", None), timedelta):  # an interval
+        return _aware(schedule.maybe_make_aware(last) + schedule.run_every)
+    remaining = schedule.remaining_estimate(last)  # any other kind (solar, your own)
+    if isinstance(remaining, timedelta):
+        return _aware(schedule.now() + remaining)
+    return None
 
 
 def _aware(moment: datetime) -> datetime:

@@ -67,8 +67,10 @@ than that per call.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
+import math
 import signal
 import threading
 import time
@@ -78,9 +80,17 @@ from typing import Any, TypeVar
 from celery.beat import PersistentScheduler
 from celery.utils.imports import load_extension_class_names, symbol_by_name
 
-from celery_leader.beat.occurrence import OCCURRENCE_HEADER, occurrence_of
+from celery_leader.beat.catch_up import catch_up, latest_missed_slot
+from celery_leader.beat.controls import RESERVED_PREFIX, RunRequest
+from celery_leader.beat.occurrence import (
+    OCCURRENCE_HEADER,
+    due_slot,
+    format_slot,
+    manual_occurrence,
+)
 from celery_leader.beat.schedule_file import hold_schedule_file
 from celery_leader.beat.state import ScheduleState, schedule_time, state_of
+from celery_leader.beat.steering import Steering, last_sent
 from celery_leader.elections.election import Election
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.exceptions import ConfigurationError, StoreCallTimeoutError, StoreError
@@ -191,6 +201,8 @@ class BeatElection:
         # Looks for step-down requests have helpers of their own: a stalled store
         # must not let them use up the budget that the send marks need.
         self._request_calls = BoundedCaller(f"{settings.name}:beat-step-down")
+        # The schedule controls, likewise: a hung read of them must not hold the marks back.
+        self._control_calls = BoundedCaller(f"{settings.name}:beat-controls")
         #: True while Celery connects to the broker for this beat (it may retry for minutes).
         self.connecting = False
         #: When this beat began taking a term over (reading a long schedule), or None.
@@ -198,6 +210,12 @@ class BeatElection:
         # Beat's loop sleeps up to MAX_TICK between ticks; allow a few missed.
         self._tick_window = max(2 * settings.timing.renew_interval, 4 * MAX_TICK)
         self.marks: dict[str, dict[str, Any]] = {}
+        #: Beat's own state as read at the last takeover (marks, view, run-now records).
+        self.own_state: dict[str, str] = {}
+        #: Pauses and run-now requests, and the view this beat publishes while it leads.
+        self.steering = Steering(settings.name, self.read_state, self._write_steering)
+        #: The metric families, when metrics are on.
+        self.metrics: Any = None
         #: The token of the term this beat took over as leader (marks read, entries anchored).
         self.seen_token: int | None = None
         self._started = False
@@ -205,7 +223,7 @@ class BeatElection:
         if settings.metrics.enabled:
             from celery_leader.observe.metrics import enable_metrics  # noqa: PLC0415 - optional extra
 
-            enable_metrics(settings.metrics, self.manager)
+            self.metrics = enable_metrics(settings.metrics, self.manager)
         metrics = settings.metrics
         if metrics.port is not None:  # last: a probe may come at once
             from celery_leader.observe.endpoint import serve_at_start  # noqa: PLC0415 - only with a port
@@ -230,8 +248,10 @@ class BeatElection:
             if self._started:
                 self.manager.stop(release=True)
                 self._started = False
+        self.steering.stop()
         self._calls.close()
         self._request_calls.close()
+        self._control_calls.close()
         self.store.close()
 
     # -- liveness -------------------------------------------------------------
@@ -349,11 +369,16 @@ class BeatElection:
             return False
         marks = {}
         for key, value in raw.items():
+            if key.startswith(RESERVED_PREFIX):
+                continue  # the view and the run-now records (beat.controls), not marks
             try:
-                marks[key] = json.loads(value)
+                mark = json.loads(value)
             except ValueError:
                 continue
+            if isinstance(mark, dict) and "at" in mark:
+                marks[key] = mark
         self.marks = marks
+        self.own_state = raw
         return True
 
     def leading(self) -> int | None:
@@ -361,37 +386,71 @@ class BeatElection:
         token = self.token()
         return token if token is not None and token == self.seen_token else None
 
-    def mark_sent(self, entry_name: str, token: int, sent_at: float) -> bool:
+    def mark_sent(
+        self, entry_name: str, token: int, sent_at: float, *, skipped: str | None = None
+    ) -> bool:
         """Record that *entry_name* was published at *sent_at* under *token*.
 
         Called after the publish succeeded, while the send is still in
         flight (so the lease is not released before the mark is written).
-        Returns within ``leader_store_timeout`` whatever the store does;
-        False when the lease no longer allows the write or it did not
-        finish in time. A write given up on that may still land holds the
-        release of its lease back until it returns (see
-        :meth:`no_publish_in_flight`).
+        With *skipped* (a reason: ``"paused"``), the slot was consumed at
+        *sent_at* without a send: the mark counts the schedule from there and
+        keeps the time of the last real send. Returns within
+        ``leader_store_timeout`` whatever the store does; False when the
+        lease no longer allows the write or it did not finish in time.
         """
-        mark = {"at": sent_at, "token": token}
-        name, value = self.settings.name, json.dumps(mark)
+        mark: dict[str, Any] = {"at": sent_at, "token": token}
+        if skipped is not None:
+            mark["skipped"] = skipped
+            previous = self.marks.get(entry_name)
+            mark["sent"] = last_sent(previous)
+        if not self.write_state(entry_name, json.dumps(mark), "write the send mark"):
+            return False
+        self.marks[entry_name] = mark
+        return True
+
+    def write_state(self, key: str, value: str, what: str) -> bool:
+        """Write *key* of beat's own state under this term's lease; False when refused or late.
+
+        Returns within ``leader_store_timeout`` whatever the store does. A
+        write given up on that may still land holds the release of its lease
+        back until it returns (see :meth:`no_publish_in_flight`).
+        """
+        name = self.settings.name
         # Bound now, as the lease thread does: the write names this term's lease.
         write = _MarkWrite(self.manager.holder.lease_id)
         try:
-            ok = self._store_call(
-                "write the send mark",
-                lambda: write.run(
-                    lambda: self.store.set_state(name, write.lease_id, entry_name, value)
-                ),
+            return self._store_call(
+                what,
+                lambda: write.run(lambda: self.store.set_state(name, write.lease_id, key, value)),
             )
         except StoreError as exc:
             if write.give_up():
                 with self._landing_lock:
                     self._landing.append(write)
-            logger.warning("celery-leader beat: could not mark %s as sent: %s", entry_name, exc)
+            logger.warning("celery-leader beat: could not %s (%s): %s", what, key, exc)
             return False
-        if ok:
-            self.marks[entry_name] = mark
-        return ok
+
+    def _write_steering(self, lease_id: str, key: str, value: str) -> bool:
+        """Write *key* of beat's own state under *lease_id* (the steering thread), bounded."""
+        name = self.settings.name
+        return store_call(
+            self._control_calls.call,
+            lambda: self.store.set_state(name, lease_id, key, value),
+            self.settings.timing.op_timeout,
+            f"write {key}",
+            self.store.url,
+        )
+
+    def read_state(self, name: str) -> dict[str, str]:
+        """The state of lease name *name*, within ``leader_store_timeout`` (any thread)."""
+        return store_call(
+            self._control_calls.call,
+            lambda: self.store.get_state(name),
+            self.settings.timing.op_timeout,
+            f"read the state of {name}",
+            self.store.url,
+        )
 
 
 def _slot_already_sent(entry: Any, mark: dict[str, Any] | None) -> bool:
@@ -494,6 +553,7 @@ class LeaderSchedulerMixin:
             # The term ended: what this beat had not saved is older than what the
             # next leader saves.
             election.seen_token = None
+            election.steering.term_over()
             self._leader_state.forget_unsaved(self)
         if token is not None and token != election.seen_token:
             # Reading a long schedule is work, not a stuck loop (for one ttl at most).
@@ -506,6 +566,8 @@ class LeaderSchedulerMixin:
                 election.ticked()
             election.seen_token = token
         self._leader_step_down_if_asked(election, token)
+        if token is not None and token == election.seen_token:
+            self._leader_steer(election, token)
         if token is None and self._leader_mode == "idle":
             return STANDBY_TICK
         interval = super().tick(*args, **kwargs)  # type: ignore[misc]
@@ -524,6 +586,8 @@ class LeaderSchedulerMixin:
         election = self._election()
         if not election.refresh_marks():
             return False
+        if not election.steering.take_over(election.own_state, election.manager.holder.lease_id):
+            return False  # a pause must hold across failovers: nothing sent before it is known
         logger.info("celery-leader beat: this beat sends now (token %d)", token)
         state = self._leader_state
         state.reload(self)
@@ -560,16 +624,32 @@ class LeaderSchedulerMixin:
             logger.warning("celery-leader beat: could not save the re-anchored entries: %s", exc)
 
     def _take_over(self, entry: Any, last_sent: float) -> None:
-        """Count *entry* from *last_sent*, or from now if it missed a slot under ``"skip"``."""
+        """Count *entry* from *last_sent*, or from now if its missed slot is out of its window.
+
+        See :mod:`celery_leader.beat.catch_up`: ``"once"`` sends the missed
+        slot whatever its age, ``"skip"`` never, a window in seconds only
+        when the latest missed slot is that young.
+        """
         state = self._leader_state
         state.note_sent(self, entry, last_sent)
         if _slot_missed(entry, last_sent):
-            if self._leader_beat.missed_policy(entry.name) == "skip":
-                logger.info("celery-leader beat: %s missed a slot; skipped", entry.name)
+            window = self._leader_beat.catch_up_window(entry.name)
+            now = time.time()
+            if math.isinf(window) or catch_up(entry, last_sent, window, now):
+                logger.info("celery-leader beat: %s missed a slot; sending it once", entry.name)
+            else:
+                latest = latest_missed_slot(entry, last_sent, now)
+                age = f"{now - latest:.0f} s old" if latest is not None else "old"
+                logger.info(
+                    "celery-leader beat: %s missed a slot (%s, window %g s); skipped",
+                    entry.name,
+                    age,
+                    window,
+                )
+                self._leader_count_skip(entry.name, "window")
                 if self._leader_mode != "reserve":  # a reserving standby already moved on
-                    state.anchor(self, entry, time.time())
+                    state.anchor(self, entry, now)
                 return
-            logger.info("celery-leader beat: %s missed a slot; sending it once", entry.name)
         # Carry on from the last send, not from this beat's own record of the
         # entry (a standby's, which may lie almost a period later, or a
         # database's, which may be minutes old).
@@ -581,6 +661,8 @@ class LeaderSchedulerMixin:
         token = election.leading()
         if token is None:
             logger.debug("celery-leader beat: standby, not sending %s", entry.name)
+            return
+        if self._leader_skip_paused(election, entry, token):
             return
         mark = election.marks.get(entry.name)
         if self._leader_state.uses_marks and _slot_already_sent(entry, mark):
@@ -617,9 +699,13 @@ class LeaderSchedulerMixin:
             token = election.leading()
             if token is None:
                 return self.reserve(entry) if advance and self._leader_mode == "reserve" else None  # type: ignore[attr-defined]
-            occurrence = occurrence_of(entry)  # before reserve() moves the last run on
+            manual = self._leader_manual
+            slot = None if manual is not None else due_slot(entry)  # before reserve() moves it
             if advance:
                 entry = self.reserve(entry)  # type: ignore[attr-defined]
+            if manual is None and self._leader_skip_paused(election, entry, token):
+                return None  # RedBeat's path: it sends without apply_entry
+            occurrence = manual or f"{entry.name}@{format_slot(slot)}"  # type: ignore[arg-type]
             sending = _shallow_copy(entry)
             options = dict(entry.options)
             options["headers"] = {
@@ -635,14 +721,121 @@ class LeaderSchedulerMixin:
                 outcome = False
                 raise
             outcome = True
+            if manual is not None:
+                self._leader_sent_manual = (occurrence, sent_at, token)
+                return result  # a run-now send moves no slot: no mark
             # Marked only once it is out: a loss before this line leaves the slot
             # unmarked, and the next leader's missed policy decides (see module doc).
             election.mark_sent(entry.name, token, sent_at)
+            election.steering.sent()
+            if election.metrics is not None and slot is not None:
+                election.metrics.beat_sent(
+                    self._leader_settings.name, entry.name, sent_at - slot.timestamp()
+                )
             return result
         finally:
             # Lowered only now: lowered before the mark, a release could let the
             # next leader read marks that lack this send, and send it again.
             election.published(outcome)
+
+    # -- schedule controls (``celery leader schedule ...``, see beat.steering) ---
+
+    #: The manual occurrence of the run-now send in progress (apply_async reads it).
+    _leader_manual: str | None = None
+    #: (occurrence, sent_at, token) of the last run-now send, set by apply_async.
+    _leader_sent_manual: tuple[str, float, int] | None = None
+
+    def _leader_skip_paused(self, election: BeatElection, entry: Any, token: int) -> bool:
+        """True when *entry* is paused: its slot is consumed (marked) without a send.
+
+        The entry has moved on already (Celery reserved it), so the slots it
+        misses while paused are never sent; the mark keeps a takeover from
+        sending them either.
+        """
+        if election.steering.paused_until(entry.name) is None:
+            return False
+        logger.info("celery-leader beat: %s is paused; slot skipped", entry.name)
+        election.publishing()  # the mark is written under the publish guard, as a send's
+        try:
+            election.mark_sent(entry.name, token, time.time(), skipped="paused")
+        finally:
+            election.published(None)
+        election.steering.sent()
+        self._leader_count_skip(entry.name, "paused")
+        return True
+
+    def _leader_count_skip(self, entry_name: str, reason: str) -> None:
+        metrics = self._election().metrics
+        if metrics is not None:
+            metrics.beat_skipped(self._leader_settings.name, entry_name, reason)
+
+    def _leader_steer(self, election: BeatElection, token: int) -> None:
+        """Send what was asked to run now; publish the view (when due). Never waits on the store."""
+        pending = election.steering.pending_runs()
+        entries: dict[str, Any] | None = None
+        if pending:
+            entries = self._leader_entries()
+            for request in pending:
+                self._leader_run_now(election, request, entries.get(request.entry), token)
+        if election.steering.publish_due():
+            if entries is None:
+                entries = self._leader_entries()
+            self._leader_publish_view(election, entries, token)
+
+    def _leader_entries(self) -> dict[str, Any]:
+        try:
+            return self._leader_state.entries(self)
+        except Exception:
+            logger.exception("celery-leader beat: could not read the schedule's entries")
+            return {}
+
+    def _leader_run_now(
+        self, election: BeatElection, request: RunRequest, entry: Any, token: int
+    ) -> None:
+        """Send *entry* once for the run-now *request*, as a manual occurrence."""
+        if entry is None:
+            logger.warning(
+                "celery-leader beat: asked to run %r now, but the schedule has no such entry",
+                request.entry,
+            )
+            return
+        self._leader_manual = manual_occurrence(
+            entry.name, dt.datetime.fromtimestamp(request.at, tz=dt.timezone.utc)
+        )
+        self._leader_sent_manual = None
+        try:
+            self.apply_async(entry, producer=self.producer, advance=False)  # type: ignore[attr-defined]
+        except Exception:
+            logger.exception("celery-leader beat: could not send %s now", entry.name)
+            return
+        finally:
+            self._leader_manual = None
+        sent = self._leader_sent_manual
+        if sent is None:
+            return  # this beat stopped leading meanwhile: the next leader carries it out
+        occurrence, sent_at, sent_token = sent
+        logger.info("celery-leader beat: %s sent now, as asked (%s)", entry.name, occurrence)
+        election.steering.ran(request, occurrence, sent_at, sent_token)
+
+    def _leader_publish_view(
+        self, election: BeatElection, entries: dict[str, Any], token: int
+    ) -> None:
+        def describe(entry: Any) -> dict[str, Any]:
+            task = self.app.tasks.get(entry.task)  # type: ignore[attr-defined]
+            overlap = getattr(task, "leader_overlap", None) if task is not None else None
+            missed = self._leader_beat.missed_policy(entry.name)
+            return {"overlap": str(getattr(overlap, "value", overlap or "allow")), "missed": missed}
+
+        wrapped = type(self).__mro__[2]
+        view = {
+            "election": self._leader_settings.name,
+            "token": token,
+            "holder": election.holder.nodename,
+            "scheduler": f"{wrapped.__module__}:{wrapped.__qualname__}",
+            "published_at": time.time(),
+            "entries": election.steering.view(entries.values(), election.marks, describe),
+        }
+        election.steering.publish(view)
 
     # -- step-down through the lease store (``celery leader step-down --beat``) --
 

@@ -57,6 +57,10 @@ class ScheduleState:
     def reload(self, scheduler: Any) -> None:
         """Take the entries afresh from where the scheduler keeps them (at takeover)."""
 
+    def entries(self, scheduler: Any) -> dict[str, Any]:
+        """Every entry of the schedule by name, due or not (the schedule view, run-now)."""
+        return dict(scheduler.schedule)
+
     def last_sent(self, scheduler: Any, marks: Mapping[str, float]) -> dict[str, float]:
         """For each entry name with a mark (unix time), when to count it from.
 
@@ -93,6 +97,25 @@ class RedBeatState(ScheduleState):
     shared = True
     auto_mode = "idle"
     uses_marks = False
+
+    def entries(self, scheduler: Any) -> dict[str, Any]:
+        """Every entry in RedBeat's sorted set (its ``schedule`` holds only the due ones).
+
+        Assumes RedBeat's layout since 2.0: ``app.redbeat_conf.schedule_key``
+        and ``Entry.from_key``. An entry whose key is gone meanwhile is left out.
+        """
+        from redbeat.schedulers import get_redis  # type: ignore[import-untyped]  # noqa: PLC0415
+
+        app = scheduler.app
+        keys = get_redis(app).zrange(app.redbeat_conf.schedule_key, 0, -1)
+        found: dict[str, Any] = {}
+        for key in keys:
+            try:
+                entry = scheduler.Entry.from_key(key, app=app)
+            except KeyError:
+                continue
+            found[entry.name] = entry
+        return found
 
 
 class DjangoDatabaseState(ScheduleState):

@@ -21,6 +21,12 @@ metric                                              type       meaning
 ``celery_leader_leader_seen_timestamp_seconds``     gauge      when this process last saw a holder
 ``celery_leader_tasks_skipped_total``               counter    messages acknowledged without
                                                                running, by ``task`` and ``reason``
+``celery_leader_beat_sends_total``                  counter    beat: entries sent, by ``entry``
+``celery_leader_beat_late_sends_total``             counter    beat: sends more than 1 s after
+                                                               their slot, by ``entry``
+``celery_leader_beat_slots_skipped_total``          counter    beat: slots not sent, by ``entry``
+                                                               and ``reason`` (``paused``,
+                                                               ``window``)
 ==================================================  =========  =====================================
 
 Guarantees: every series exists from the moment the election is attached,
@@ -54,6 +60,8 @@ except ImportError as exc:  # pragma: no cover - the extra is not installed
         "leader_metrics needs prometheus_client: pip install 'celery-leader[prometheus]'"
     ) from exc
 
+#: A beat send later than this after its slot counts as late, seconds.
+LATE_AFTER = 1.0
 _RENEW_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _by_registry: dict[int, LeaderMetrics] = {}
 _lock = threading.Lock()
@@ -119,6 +127,36 @@ class LeaderMetrics:
             registry=registry,
         )
         leader_task_skipped.connect(self._on_skipped, weak=False)
+        entry_labels = (*labels, "entry")
+        self.beat_sends = Counter(
+            "celery_leader_beat_sends",
+            "Entries the beat leader sent (run-now sends not counted), by entry",
+            entry_labels,
+            registry=registry,
+        )
+        self.beat_late_sends = Counter(
+            "celery_leader_beat_late_sends",
+            f"Entries sent more than {LATE_AFTER:g} s after their slot, by entry",
+            entry_labels,
+            registry=registry,
+        )
+        self.beat_slots_skipped = Counter(
+            "celery_leader_beat_slots_skipped",
+            "Slots the beat leader did not send, by entry and reason (paused, window)",
+            (*entry_labels, "reason"),
+            registry=registry,
+        )
+
+    def beat_sent(self, election: str, entry: str, late_by: float) -> None:
+        """Beat sent *entry* *late_by* seconds after its slot (beat's loop)."""
+        self.beat_sends.labels(election, entry).inc()
+        late = self.beat_late_sends.labels(election, entry)  # the series exists from the first send
+        if late_by > LATE_AFTER:
+            late.inc()
+
+    def beat_skipped(self, election: str, entry: str, reason: str) -> None:
+        """Beat consumed a slot of *entry* without sending it, for *reason*."""
+        self.beat_slots_skipped.labels(election, entry, reason).inc()
 
     def _on_skipped(self, sender: Any = None, **fields: Any) -> None:
         """A ``leader_task_skipped`` signal (the worker's signal thread)."""
@@ -136,6 +174,9 @@ class LeaderMetrics:
             self.term_started,
             self.leader_seen,
             self.skipped,
+            self.beat_sends,
+            self.beat_late_sends,
+            self.beat_slots_skipped,
         )
 
     def forget_inherited(self) -> None:

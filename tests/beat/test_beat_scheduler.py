@@ -15,18 +15,20 @@ import pytest
 from celery import Celery
 
 from celery_leader.beat import TOKEN_HEADER, LeaderScheduler, LeaderSchedulerMixin
+from celery_leader.beat.controls import control_slot, pause_value, resume_value
+from celery_leader.beat.steering import CONTROL_POLL
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
 
 
-def make_app(redis_url: str, **conf) -> Celery:
+def make_app(redis_url: str, every: float = 1.0, **conf) -> Celery:
     main = f"b{uuid.uuid4().hex[:10]}"
     app = Celery(main, broker="memory://")
     app.conf.update(
         leader_backend_url=redis_url,
         leader_lease_ttl=1.0,
         task_default_queue=f"{main}.default",
-        beat_schedule={"tick": {"task": f"{main}.tick", "schedule": 1.0}},
+        beat_schedule={"tick": {"task": f"{main}.tick", "schedule": every}},
         **conf,
     )
     return app
@@ -111,6 +113,27 @@ def test_missed_slot_is_sent_once_on_takeover(scheduler):
 def test_missed_slot_is_skipped_by_policy(scheduler):
     """Policy "skip": nothing is sent for the missed slots."""
     app, sched = scheduler("skip", seconds_ago=5)
+    sched.tick()
+    assert sent(app) == []
+
+
+@pytest.mark.parametrize(("window", "expected"), [(30, 1), (3, 0)])
+def test_missed_slot_is_sent_only_within_its_catch_up_window(scheduler, window, expected):
+    """A window in seconds: a 10 s entry last sent 25 s ago missed slots 15 s and 5 s ago;
+    the latest (5 s old) is sent under a 30 s window, skipped under a 3 s one."""
+    app, sched = scheduler(window, seconds_ago=25, every=10.0)
+    sched.tick()
+    messages = sent(app)
+    assert len(messages) == expected, messages
+    if expected == 0:
+        # Counted from now: the next send is a whole period away, not at once.
+        next_due = sched.schedule["tick"].is_due()[1]
+        assert next_due > 5, next_due
+
+
+def test_window_is_per_entry_over_the_default(scheduler):
+    """leader_beat_missed names the entry: its window wins over the default policy."""
+    app, sched = scheduler("once", seconds_ago=25, every=10.0, leader_beat_missed={"tick": 1})
     sched.tick()
     assert sent(app) == []
 
@@ -278,3 +301,48 @@ def test_a_daily_crontab_sent_today_is_not_due_again_after_takeover(tmp_path, re
         assert next_in > 12 * 3600, f"due again in {next_in / 3600:.1f} h"
     finally:
         sched.close()
+
+
+def _pause(redis_url: str, election: str, value: str) -> None:
+    """Write a pause into the control slot, as ``celery leader schedule pause`` does."""
+    store = open_store(redis_url, timeout=1)
+    holder = Holder.for_this_process("ops")
+    slot = control_slot(election)
+    try:
+        assert store.acquire(slot, holder, 1.0).acquired
+        assert store.set_state(slot, holder.lease_id, "pause:tick", value)
+        store.release(slot, holder.lease_id)
+    finally:
+        store.close()
+
+
+def _tick_for(sched, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(max(0.0, min(sched.tick() or 0.01, 0.1)))
+
+
+def test_pause_skips_slots_resume_sends_on_and_metrics_count_both(scheduler, redis_server):
+    """Paused: due slots are consumed unsent (counted as skipped, reason paused); resumed:
+    the next slot is sent, not the missed ones; sends are counted per entry."""
+    from prometheus_client import REGISTRY
+
+    app, sched = scheduler("once", leader_metrics=True)
+    election = sched._election().settings.name
+    labels = {"election": election, "entry": "tick"}
+    _tick_for(sched, 1.5)
+    assert sent(app), "the entry is sent while not paused"
+    assert REGISTRY.get_sample_value("celery_leader_beat_sends_total", labels) >= 1
+
+    _pause(redis_server.url, election, pause_value(None, "ops"))
+    _tick_for(sched, CONTROL_POLL + 0.6)  # read within a poll, then one tick
+    sent(app)
+    _tick_for(sched, 2.5)
+    assert sent(app) == [], "a paused entry is not sent"
+    skipped = {**labels, "reason": "paused"}
+    assert REGISTRY.get_sample_value("celery_leader_beat_slots_skipped_total", skipped) >= 2
+
+    _pause(redis_server.url, election, resume_value("ops"))
+    _tick_for(sched, CONTROL_POLL + 1.6)
+    resumed = sent(app)
+    assert 1 <= len(resumed) <= 2, "resumed: the next due slots only, no burst"

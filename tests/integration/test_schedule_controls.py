@@ -1,0 +1,193 @@
+"""``celery leader schedule list|pause|resume|run``: real beats, a real worker, real Redis.
+
+For each scheduler LeaderScheduler wraps (PersistentScheduler, RedBeat,
+django-celery-beat): a pause stops the sends within a tick of the command
+returning and holds across a SIGKILL of the sending beat; run-now sends once
+within 2 s, also while paused, as a manual occurrence; resume sends from the
+next due slot, with no burst of the slots missed while paused.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness.cluster import ROOT, Cluster
+from tests.integration.test_beat import gaps, wait_sending
+
+DJANGO_APP = "tests.integration.djangobeat.app"
+TASKS_APP = "tests.integration.leaderapp"
+
+
+def _schedulers() -> list[str]:
+    return ["persistent", "redbeat", "django"]
+
+
+@pytest.fixture(params=_schedulers())
+def steered(cluster_for, tmp_path, request) -> tuple[Cluster, str]:  # type: ignore[no-untyped-def]
+    """A worker recording beat's sends and two beats of a 1 s entry "tick", one scheduler each."""
+    cluster = cluster_for("redis")
+    app = TASKS_APP
+    if request.param == "django":
+        app = DJANGO_APP
+        cluster.env.update(
+            {"LEADER_DJANGO_DB": str(tmp_path / "beat.sqlite3"), "LEADER_DJANGO_EVERY": "1"}
+        )
+        subprocess.run(
+            [sys.executable, "-m", "tests.integration.djangobeat.setup_db"],
+            cwd=ROOT,
+            env=cluster.env,
+            check=True,
+            timeout=60,
+        )
+    else:
+        cluster.env["LEADER_BEAT_EVERY"] = "1"
+        if request.param == "redbeat":
+            cluster.env["LEADER_BEAT_WRAPPED"] = "redbeat.RedBeatScheduler"
+            cluster.env["LEADER_BEAT_REDIS"] = f"redis://127.0.0.1:{cluster.data.port}/3"
+    cluster.start(1)
+    for _ in range(2):
+        cluster.start_beat(app=app)
+    return cluster, app
+
+
+def schedule(cluster: Cluster, app: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return cluster.celery("leader", "schedule", *args, app=app)
+
+
+def wait_view(cluster: Cluster, app: str, timeout: float = 20) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        proc = schedule(cluster, app, "list", "--json")
+        if proc.returncode == 0:
+            view = json.loads(proc.stdout)
+            if any(row["name"] == "tick" and row["last_sent"] for row in view["entries"]):
+                return view
+        assert time.monotonic() < deadline, proc.stdout + proc.stderr
+        time.sleep(0.3)
+
+
+def ticks_after(cluster: Cluster, since: float) -> list[dict]:
+    return [s for s in cluster.beat_sends() if s["at"] > since]
+
+
+@pytest.mark.slow
+def test_pause_holds_across_failover_run_now_sends_once_resume_has_no_burst(steered) -> None:
+    cluster, app = steered
+    old = wait_sending(cluster, cluster.beats, timeout=30)
+    view = wait_view(cluster, app)
+    row = next(r for r in view["entries"] if r["name"] == "tick")
+    assert row["paused"] is False and row["paused_until"] is None
+    assert row["task"].endswith("beat_tick") and row["next_due"] is not None
+    assert view["leader"] == view["published_by"]
+
+    proc = schedule(cluster, app, "pause", "tick")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "tick paused" in proc.stdout and "confirmed" in proc.stdout, proc.stdout
+    paused_at = time.monotonic() + 0.6  # within one beat tick of the command returning
+    listed = json.loads(schedule(cluster, app, "list", "--json").stdout)
+    assert next(r for r in listed["entries"] if r["name"] == "tick")["paused"] is True
+    time.sleep(3)
+    assert not [
+        s
+        for s in ticks_after(cluster, paused_at)
+        if s["occurrence"] and "@manual:" not in s["occurrence"]
+    ]
+
+    # Run now, while paused: one send, within 2 s, as a manual occurrence.
+    asked = time.monotonic()
+    proc = schedule(cluster, app, "run", "tick")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "tick sent as tick@manual:" in proc.stdout, proc.stdout
+    time.sleep(1.5)
+    manual = ticks_after(cluster, asked)
+    assert len(manual) == 1, manual
+    assert manual[0]["occurrence"].startswith("tick@manual:")
+    assert manual[0]["at"] - asked < 2 + 1.5  # the command's own start-up is in it
+
+    # The sending beat dies: the other takes over and still sends nothing scheduled.
+    old.signal(signal.SIGKILL)
+    killed = time.monotonic()
+    deadline = time.monotonic() + 20
+    while not any(b is not old and b.sends_now() for b in cluster.beats):
+        assert time.monotonic() < deadline, "the other beat did not take over"
+        time.sleep(0.2)
+    time.sleep(3)
+    assert not ticks_after(cluster, killed), "a paused entry was sent after the failover"
+
+    proc = schedule(cluster, app, "resume", "tick")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    resumed = time.monotonic()
+    time.sleep(4.5)
+    after = ticks_after(cluster, resumed)
+    assert 2 <= len(after) <= 6, after  # the next due slots only: no burst of missed ones
+    assert min(gaps(after)) > 0.5, after
+
+
+def test_unknown_entry_no_view_and_store_errors(cluster_for) -> None:  # type: ignore[no-untyped-def]
+    """Exit 1 with no view published or no such entry; exit 2, masked, when the store fails."""
+    cluster = cluster_for("redis")
+    cluster.env["LEADER_BEAT_EVERY"] = "1"
+    proc = cluster.celery("leader", "schedule", "list")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "no beat has published a schedule view" in proc.stdout
+    proc = cluster.celery("leader", "schedule", "pause", "tick")
+    assert proc.returncode == 1 and "no beat has published" in proc.stdout
+
+    cluster.start(1)
+    cluster.start_beat()
+    wait_sending(cluster, cluster.beats, timeout=30)
+    wait_view(cluster, TASKS_APP)
+    for command in ("pause", "resume", "run"):
+        proc = cluster.celery("leader", "schedule", command, "nope")
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "no entry 'nope'" in proc.stdout and "tick" in proc.stdout.split("entries:")[1]
+        assert "Traceback" not in proc.stderr
+
+    broken = {**cluster.env, "LEADER_STORE": "redis://:s3cret-pw@127.0.0.1:1/0"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", TASKS_APP, "leader", "schedule", "list"],
+        cwd=ROOT,
+        env=broken,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "s3cret-pw" not in proc.stdout + proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.slow
+def test_pause_for_ends_by_itself_and_run_needs_a_beat_leader(cluster_for) -> None:  # type: ignore[no-untyped-def]
+    cluster = cluster_for("redis")
+    cluster.env["LEADER_BEAT_EVERY"] = "1"
+    cluster.start(1)
+    beat = cluster.start_beat()
+    wait_sending(cluster, cluster.beats, timeout=30)
+    wait_view(cluster, TASKS_APP)
+    proc = cluster.celery("leader", "schedule", "pause", "tick", "--for", "3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    listed = json.loads(cluster.celery("leader", "schedule", "list", "--json").stdout)
+    row = next(r for r in listed["entries"] if r["name"] == "tick")
+    assert row["paused"] is True and row["paused_until"] > time.time()
+    quiet_from = time.monotonic() + 0.6
+    time.sleep(2)
+    assert not ticks_after(cluster, quiet_from)
+    time.sleep(3)
+    assert ticks_after(cluster, quiet_from), "the pause did not end after --for"
+
+    beat.stop()
+    deadline = time.monotonic() + 10
+    while cluster.celery("leader", "status", "--beat").returncode == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    proc = cluster.celery("leader", "schedule", "run", "tick")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "no beat leader holds election" in proc.stdout
