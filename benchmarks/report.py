@@ -38,6 +38,7 @@ BENCHMARKS = [
     ("Redis Sentinel and PostgreSQL beside Redis", "benchmarks.stores", False),
     ("Beat failover, side by side with RedBeat and single-beat", "benchmarks.beat", True),
     ("Per-call cost, side by side with celery-once and celery-singleton", "benchmarks.gate", False),
+    ("Schedule controls: pause and run-now", "benchmarks.schedule", False),
     ("What an idle worker costs", "benchmarks.idle", False),
     ("Named elections: K elections on N workers", "benchmarks.elections", False),
 ]
