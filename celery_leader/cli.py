@@ -23,13 +23,12 @@ messages are printed with secrets masked.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any, NoReturn, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import click
 from celery.bin.base import CeleryCommand, CeleryOption, handle_preload_options
@@ -39,29 +38,29 @@ from celery.bin.base import CeleryCommand, CeleryOption, handle_preload_options
 # imports this package unconditionally, so it is there whenever we are.
 from click_didyoumean import DYMGroup  # type: ignore[import-untyped]
 
-from celery_leader._masking import mask_text
-from celery_leader.exceptions import ConfigurationError, StoreError
-from celery_leader.settings import AppSettings, LeaderSettings, app_settings, check_election_name
-from celery_leader.stores import open_store
+# The shared parts, imported by name: the commands below and their tests use them as cli.*.
+from celery_leader.cli_support import (
+    EXIT_DRAINING,
+    EXIT_LEADER,
+    EXIT_NO_LEADER,
+    _fail,
+    _open,
+    _read,
+    write_slot,
+)
+from celery_leader.exceptions import StoreError
+from celery_leader.settings import AppSettings, LeaderSettings
 from celery_leader.stores.base import Holder, LeaseRecord, LeaseStore, TokenHistory
 
 logger = logging.getLogger(__name__)
-
-EXIT_LEADER = 0
-EXIT_NO_LEADER = 1
-EXIT_STORE_ERROR = 2
-EXIT_DRAINING = 3
 
 #: A holder counts as overdue once this many renew intervals passed without a renewal.
 #: A live holder renews about every interval; the half interval more allows for the
 #: renewal's own round trip and for a store clock read in whole seconds (Azure).
 OVERDUE_AFTER_INTERVALS = 1.5
 
-#: What every error line starts with after ``Error: ``: the worker's own prefix.
-ERROR_SOURCE = "celery-leader: "
-
 _Callback = TypeVar("_Callback", bound=Callable[..., Any])
-_T = TypeVar("_T")
+
 
 # Help texts and hints, in one place so the wording is reviewed together. Each
 # command sets short_help: click would otherwise cut the docstring's first
@@ -110,55 +109,6 @@ HOLD_OFF_REASON = (
 def _preload_options(callback: _Callback) -> _Callback:
     """Celery's ``handle_preload_options``, typed (Celery ships no annotations)."""
     return cast("_Callback", handle_preload_options(callback))
-
-
-def _fail(ctx: click.Context, message: str) -> NoReturn:
-    """Report *message* as the worker reports a bad setting, then exit 2.
-
-    ``Error: celery-leader: <message>``, the line ``celery worker`` stops
-    with for the same problem, so that both read alike (``Error`` is red on
-    a terminal, plain with ``-C``). One line on stderr: store and broker
-    errors can carry newlines, and a second line would read like the start
-    of a traceback. Secrets are masked, since drivers quote the URL they
-    were given.
-    """
-    cli = ctx.obj
-    label = cli.style("Error", fg="red", bold=True)
-    cli.error(f"{label}: {ERROR_SOURCE}{' '.join(mask_text(message).split())}")
-    ctx.exit(EXIT_STORE_ERROR)
-
-
-def _open(
-    ctx: click.Context, beat: bool, election: str | None = None
-) -> tuple[AppSettings, LeaderSettings, LeaseStore]:
-    app = ctx.obj.app
-    if beat and election:
-        _fail(ctx, "--beat and --election name different elections: give one of them")
-    try:
-        every = app_settings(app, fresh=True)
-        if election:
-            check_election_name(election, "--election")
-        settings = every.beat_election if beat else every.for_named(election or None)
-        store = open_store(
-            settings.backend_url,
-            timeout=max(settings.timing.op_timeout, 2.0),
-            options=settings.store_options,
-        )
-    except (ConfigurationError, StoreError) as exc:
-        _fail(ctx, str(exc))
-    return every, settings, store
-
-
-def _call(ctx: click.Context, call: Callable[[], _T]) -> _T:
-    """One store call; a store error ends the command with exit 2."""
-    try:
-        return call()
-    except StoreError as exc:
-        _fail(ctx, str(exc))
-
-
-def _read(ctx: click.Context, store: LeaseStore, name: str) -> LeaseRecord | None:
-    return _call(ctx, lambda: store.read(name))
 
 
 def _ever_held(ctx: click.Context, store: LeaseStore, name: str) -> bool | None:
@@ -617,40 +567,6 @@ def _ask_beat(
     )
 
 
-def write_slot(
-    ctx: click.Context,
-    store: LeaseStore,
-    settings: LeaderSettings,
-    *,
-    slot: str,
-    key: str,
-    value: str,
-    deadline: float,
-    asking: Holder,
-    what: str,
-) -> None:
-    """Write *key* into the state of the request slot *slot*, holding its lease for the moment.
-
-    Only a lease holder may write a slot's state, so the command takes the
-    slot's lease, writes and releases it (a concurrent request waits for
-    it, until *deadline*: then exit 1). A write the store refuses exits 2.
-    """
-    while not _call(ctx, lambda: store.acquire(slot, asking, settings.timing.ttl)).acquired:
-        if time.monotonic() >= deadline:
-            ctx.obj.echo(f"another {what} for {settings.name!r} is being written")
-            ctx.exit(EXIT_NO_LEADER)
-        time.sleep(0.05)
-    try:
-        written = _call(ctx, lambda: store.set_state(slot, asking.lease_id, key, value))
-    finally:
-        # Written or not, the slot is free again; if the release fails, its lease ends by
-        # itself within one ttl (nothing else waits for it but another request).
-        with contextlib.suppress(StoreError):
-            store.release(slot, asking.lease_id)
-    if not written:
-        _fail(ctx, f"lease store {store.url}: the {what} could not be written")
-
-
 def _await_release(
     ctx: click.Context, store: LeaseStore, name: str, record: LeaseRecord, deadline: float
 ) -> LeaseRecord | None:
@@ -664,7 +580,7 @@ def _await_release(
     return successor
 
 
-# The schedule commands live in their own module; registered last, as it imports this one.
+# The schedule commands live in their own module.
 from celery_leader.cli_schedule import schedule  # noqa: E402
 
 leader.add_command(schedule)

@@ -37,7 +37,7 @@ from celery_leader.beat.controls import (
     run_value,
     view_of,
 )
-from celery_leader.cli import (
+from celery_leader.cli_support import (
     EXIT_LEADER,
     EXIT_NO_LEADER,
     _call,
@@ -367,10 +367,9 @@ def _table(payload: dict[str, Any]) -> str:
     published = payload.get("published_at")
     age = f"{max(0.0, time.time() - published):.0f} s ago" if published else "at an unknown time"
     leader = payload.get("leader") or "nobody"
-    lines = [
-        f"beat election {payload['election']}: led by {leader}; view published {age} "
-        f"by {payload.get('published_by') or 'unknown'}"
-    ]
+    by = payload.get("published_by")
+    source = f"published {age}" if by in (None, leader) else f"published {age} by {by}"
+    lines = [f"beat election {payload['election']}: led by {leader} (view {source}; times UTC)"]
     header = ("ENTRY", "TASK", "SCHEDULE", "LAST SENT", "NEXT DUE", "PAUSED")
     rows = [header]
     for row in payload["entries"]:
