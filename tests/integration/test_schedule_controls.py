@@ -140,9 +140,11 @@ def test_unknown_entry_no_view_and_store_errors(cluster_for) -> None:  # type: i
     assert proc.returncode == 1 and "no beat has published" in proc.stdout
 
     cluster.start(1)
-    cluster.start_beat()
+    beat = cluster.start_beat()
     wait_sending(cluster, cluster.beats, timeout=30)
     wait_view(cluster, TASKS_APP)
+    status = json.loads(cluster.celery("leader", "status", "--beat", "--json").stdout)
+    assert status["leader"]["pid"] == beat.proc.pid, "leader.pid is the beat process's"
     for command in ("pause", "resume", "run"):
         proc = cluster.celery("leader", "schedule", command, "nope")
         assert proc.returncode == 1, proc.stdout + proc.stderr
