@@ -20,7 +20,8 @@ import json
 import math
 import time
 import uuid
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import click
 from celery.bin.base import CeleryCommand, CeleryOption
@@ -64,6 +65,27 @@ HINT_NO_VIEW = (
 )
 #: How many entry names an error lists at most.
 NAMES_SHOWN = 10
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _timeout_option(default: float, low: float, meaning: str) -> Callable[[_F], _F]:
+    """``-t/--timeout``, as every schedule command takes it."""
+    return click.option(
+        "-t",
+        "--timeout",
+        cls=CeleryOption,
+        default=default,
+        show_default=True,
+        type=click.FloatRange(low, 300),
+        help_group="Schedule Options",
+        help=meaning,
+    )
+
+
+#: pause and resume wait this long for the beat leader to show the change.
+_confirm_timeout = _timeout_option(5.0, 0.5, "Seconds to wait for the beat leader to confirm.")
 
 
 @click.group(
@@ -136,16 +158,7 @@ def list_entries(ctx: click.Context, as_json: bool) -> None:
     help_group="Schedule Options",
     help="End the pause after this many seconds, as resume would (default: until resumed).",
 )
-@click.option(
-    "-t",
-    "--timeout",
-    cls=CeleryOption,
-    default=5.0,
-    show_default=True,
-    type=click.FloatRange(0.5, 300),
-    help_group="Schedule Options",
-    help="Seconds to wait for the beat leader to confirm.",
-)
+@_confirm_timeout
 @click.pass_context
 def pause(ctx: click.Context, entry: str, for_seconds: float | None, timeout: float) -> None:
     """Stop sending ENTRY until resumed (or for --for seconds); its slots meanwhile are skipped.
@@ -159,16 +172,7 @@ def pause(ctx: click.Context, entry: str, for_seconds: float | None, timeout: fl
 
 @schedule.command("resume", cls=CeleryCommand, epilog=SCHEDULE_EXIT_CODES)
 @click.argument("entry")
-@click.option(
-    "-t",
-    "--timeout",
-    cls=CeleryOption,
-    default=5.0,
-    show_default=True,
-    type=click.FloatRange(0.5, 300),
-    help_group="Schedule Options",
-    help="Seconds to wait for the beat leader to confirm.",
-)
+@_confirm_timeout
 @click.pass_context
 def resume(ctx: click.Context, entry: str, timeout: float) -> None:
     """Send ENTRY again from its next due slot; the slots it missed while paused are not sent."""
@@ -177,16 +181,7 @@ def resume(ctx: click.Context, entry: str, timeout: float) -> None:
 
 @schedule.command("run", cls=CeleryCommand, epilog=SCHEDULE_EXIT_CODES)
 @click.argument("entry")
-@click.option(
-    "-t",
-    "--timeout",
-    cls=CeleryOption,
-    default=10.0,
-    show_default=True,
-    type=click.FloatRange(1, 300),
-    help_group="Schedule Options",
-    help="Seconds the beat leader has to send it; the request expires after that.",
-)
+@_timeout_option(10.0, 1, "Seconds the beat leader has to send it; the request expires after that.")
 @click.pass_context
 def run(ctx: click.Context, entry: str, timeout: float) -> None:
     """Send ENTRY once now, through the beat leader, as a manual occurrence.

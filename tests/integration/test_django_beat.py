@@ -44,6 +44,13 @@ def django_cluster(cluster_for, tmp_path, request):
     )
     if request.node.get_closest_marker("one_off"):
         cluster.env["LEADER_DJANGO_ONE_OFF_IN"] = str(ONE_OFF_IN)
+    setup_db(cluster)
+    cluster.start(1)
+    return cluster
+
+
+def setup_db(cluster) -> None:  # type: ignore[no-untyped-def]
+    """Create the cluster's Django database with its entries (tests.integration.djangobeat)."""
     subprocess.run(
         [sys.executable, "-m", "tests.integration.djangobeat.setup_db"],
         cwd=ROOT,
@@ -51,8 +58,6 @@ def django_cluster(cluster_for, tmp_path, request):
         check=True,
         timeout=60,
     )
-    cluster.start(1)
-    return cluster
 
 
 def sends_after(cluster, since: float) -> list[dict]:

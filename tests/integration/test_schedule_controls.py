@@ -19,6 +19,7 @@ import pytest
 
 from harness.cluster import ROOT, Cluster
 from tests.integration.test_beat import gaps, wait_sending
+from tests.integration.test_django_beat import setup_db
 
 DJANGO_APP = "tests.integration.djangobeat.app"
 TASKS_APP = "tests.integration.leaderapp"
@@ -38,13 +39,7 @@ def steered(cluster_for, tmp_path, request) -> tuple[Cluster, str]:  # type: ign
         cluster.env.update(
             {"LEADER_DJANGO_DB": str(tmp_path / "beat.sqlite3"), "LEADER_DJANGO_EVERY": "1"}
         )
-        subprocess.run(
-            [sys.executable, "-m", "tests.integration.djangobeat.setup_db"],
-            cwd=ROOT,
-            env=cluster.env,
-            check=True,
-            timeout=60,
-        )
+        setup_db(cluster)
     else:
         cluster.env["LEADER_BEAT_EVERY"] = "1"
         if request.param == "redbeat":
