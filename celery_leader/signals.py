@@ -11,7 +11,8 @@ Connect as with any Celery signal::
 ``name`` (the election) and ``token`` (the term's fencing token);
 ``leader_lost`` also carries ``reason`` (``"renew-rejected"``,
 ``"store-unreachable"``, ``"expired"`` or ``"not-live"``);
-``leader_task_skipped`` carries ``task``, ``task_id``, ``reason`` and ``key``.
+``leader_task_skipped`` carries ``task``, ``task_id``, ``reason`` and ``key``
+(and ``occurrence`` when the reason is ``"occurrence"``).
 
 Receivers run in a dedicated thread, in order, never in the lease manager's
 thread: a slow receiver cannot delay a renewal. One that raises is logged.
@@ -30,5 +31,6 @@ leader_lost = Signal(name="leader_lost")
 #: This worker gave leadership up (step-down, shutdown). Arguments: ``token``, ``name``.
 leader_released = Signal(name="leader_released")
 #: The leader acknowledged a message without running it. Arguments: ``token``, ``name``,
-#: ``task`` (the task's name), ``task_id``, ``reason`` (``"overlap"``) and ``key``.
+#: ``task`` (the task's name), ``task_id``, ``reason`` and ``key``: ``"overlap"`` with the
+#: overlap key, or ``"occurrence"`` with ``key`` None and ``occurrence`` (the header).
 leader_task_skipped = Signal(name="leader_task_skipped")

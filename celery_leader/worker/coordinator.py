@@ -10,7 +10,9 @@ a term:
   ``leader_elections`` name), in the process's
   :class:`~celery_leader.elections.group.ElectionGroup`;
 * what they share: the consumer, loop liveness, the run watchdog, the
-  signal thread, redelivered copies, and the messages the worker holds;
+  signal thread, redelivered copies, and the messages the worker holds
+  (occurrences are each election's own: see
+  :mod:`celery_leader.worker.occurrences`);
 * the gate's questions, asked of the election of the task at hand;
 * shutdown and inspection of every election.
 
@@ -52,8 +54,9 @@ from celery_leader.term_end.in_worker import SnapshotError, Waiting, snapshot
 from celery_leader.term_end.watchdog import Watchdog
 from celery_leader.worker.dispatch import SerialDispatcher
 from celery_leader.worker.eta import held_for_eta
+from celery_leader.worker.occurrences import RUNNING, occurrence_of
 from celery_leader.worker.overlap import RUN as OVERLAP_RUN
-from celery_leader.worker.overlap import WAIT, Overlaps
+from celery_leader.worker.overlap import SKIPPED, WAIT, Overlaps, store_result
 from celery_leader.worker.redelivery import (
     DROP,
     RUN,
@@ -341,6 +344,42 @@ class Coordinator:
         self._park(request)
         return False
 
+    def admit_occurrence(self, request: Any) -> bool:
+        """True to go on with *request*; False when its occurrence runs or completed (skipped).
+
+        Loop thread, at the gate, after :meth:`admit_delivery` and before
+        :meth:`admit_overlap` (a copy of a running occurrence is skipped for
+        its occurrence, not its overlap key). A skipped message is
+        acknowledged, its result ``SKIPPED`` with ``{"reason": "occurrence",
+        "occurrence": ...}``. See :mod:`celery_leader.worker.occurrences`.
+        """
+        occurrence = occurrence_of(request)
+        election = self.election_for(request.task)
+        if occurrence is None or election is None:
+            return True
+        why = election.occurrences.verdict(request, occurrence)
+        if why is None:
+            return True
+        logger.info(
+            "celery-leader: %s skipped: occurrence %s %s",
+            request.humaninfo(),
+            occurrence,
+            "is running here" if why == RUNNING else "completed already",
+        )
+        info = {"reason": "occurrence", "occurrence": occurrence}
+        store_result(request.task, lambda backend: backend.store_result(request.id, info, SKIPPED))
+        request.acknowledge()
+        task_ready(request)  # not reserved any more: the hand-back at a term's end skips it
+        self._skipped(request, None, reason="occurrence", occurrence=occurrence)
+        return False
+
+    def claim_occurrence(self, request: Any) -> None:
+        """*request* goes to the pool: it is its occurrence's run from now on. Loop thread."""
+        occurrence = occurrence_of(request)
+        election = self.election_for(request.task)
+        if occurrence is not None and election is not None:
+            election.occurrences.claim(request, occurrence)
+
     def admit_overlap(self, request: Any) -> bool:
         """True to run *request* now; False when it waits for, or was skipped by, a run of its key.
 
@@ -362,7 +401,9 @@ class Coordinator:
             # The slot goes back to this same consumer's count (a reconnect makes a new one).
             request.leader_parked_qos = qos
 
-    def _skipped(self, request: Any, key: str) -> None:
+    def _skipped(
+        self, request: Any, key: str | None, reason: str = "overlap", **extra: Any
+    ) -> None:
         election = request.leader_election or self.lease_of(None)
         self.send_signal(
             leader_task_skipped,
@@ -370,16 +411,23 @@ class Coordinator:
             token=request.leader_token,
             task=request.task.name,
             task_id=request.id,
-            reason="overlap",
+            reason=reason,
             key=key,
+            **extra,
         )
 
     def run_settled(self, request: Any, outcome: str) -> None:
         """The run of *request* ended (any thread): settle what waited for it.
 
         The copies of its message delivered again meanwhile, and the message
-        that waited for its overlap key (it goes to the gate again).
+        that waited for its overlap key (it goes to the gate again); a run
+        that completed joins its election's record of completed occurrences.
         """
+        election = self.election_for(request.task)
+        if election is not None:
+            grown = election.occurrences.settle(request, outcome)
+            if grown is not None:
+                election.occurrence_sync.completed(grown)
         copies = self.redeliveries.settle(request, outcome)
         if copies:
             self.post(

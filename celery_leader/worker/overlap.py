@@ -76,7 +76,7 @@ class Overlaps:
         except OverlapKeyError as exc:
             logger.error("celery-leader: %s not run: %s", request.humaninfo(), exc)  # noqa: TRY400
             error = exc
-            self._store(task, lambda backend: backend.mark_as_failure(request.id, error))
+            store_result(task, lambda backend: backend.mark_as_failure(request.id, error))
             request.acknowledge()
             return SKIP
         if key is None:
@@ -98,7 +98,7 @@ class Overlaps:
                 policy.value,
             )
             info = {"reason": "overlap", "key": key}
-            self._store(task, lambda store: store.store_result(request.id, info, SKIPPED))
+            store_result(task, lambda store: store.store_result(request.id, info, SKIPPED))
             request.acknowledge()
             if self._on_skip is not None:
                 self._on_skip(request, key)
@@ -170,15 +170,19 @@ class Overlaps:
         with self._lock:
             return sum(1 for ref in self._running.values() if ref() is not None)
 
-    @staticmethod
-    def _store(task: Any, write: Callable[[Any], Any]) -> None:
-        """Write a result with *write*, unless the task ignores results."""
-        if getattr(task, "ignore_result", False):
-            return
-        try:
-            write(task.backend)
-        except Exception:
-            logger.exception("celery-leader: could not store the result of a skipped message")
+
+def store_result(task: Any, write: Callable[[Any], Any]) -> None:
+    """Write a skipped message's result with *write*, unless *task* ignores results.
+
+    Called where Celery writes a revoked message's result: on the consumer's loop.
+    An error is logged, never raised.
+    """
+    if getattr(task, "ignore_result", False):
+        return
+    try:
+        write(task.backend)
+    except Exception:
+        logger.exception("celery-leader: could not store the result of a skipped message")
 
 
 def _follows(request: Any, running: Any) -> bool:

@@ -16,6 +16,7 @@ What a stopped run's message becomes is decided in
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from types import FrameType
@@ -122,8 +123,11 @@ class LeaderRequest(Request):  # type: ignore[misc]
                 if not coordinator.admit_delivery(self):
                     return True  # delivered again while its run goes on (see worker.redelivery)
                 self.leader_recorded = True  # settle it, whether it runs, waits or is skipped
+            if not coordinator.admit_occurrence(self):
+                return True  # its occurrence runs or completed: skipped (worker.occurrences)
             if not coordinator.admit_overlap(self):
                 return True  # a run of its key goes on: it waits or is skipped (worker.overlap)
+            coordinator.claim_occurrence(self)
             # The pool gets it next: from now on it belongs to the pool and is
             # never handed back. (Celery also asks revoked() on receipt of a
             # message with an expiry; such a request may still wait for its
@@ -146,14 +150,52 @@ class LeaderRequest(Request):  # type: ignore[misc]
         when it failed or timed out (``acks_on_failure_or_timeout``): only
         the first counts as completed. (Celery's per-task request class
         replaces ``on_success`` without calling it, so the failure paths are
-        the ones marked.)
+        the ones marked.) A task without ``acks_late`` is acknowledged as
+        its run starts: its run settles when it ends (:meth:`on_success`,
+        :meth:`on_failure`).
         """
         # Settled first: a copy admitted in between must still find the run. Not when
         # Celery acknowledges a run it is terminating (revoke(terminate=True)): the process
         # may go on (an ignored or handled signal); its end settles it (on_failure).
-        if not (self.time_start and _terminating(sys._getframe(1))):
+        caller = sys._getframe(1)
+        starting = not self.task.acks_late and _called_from(caller, "on_accepted")
+        if not starting and not (self.time_start and _terminating(caller)):
             self._run_settled(self.leader_outcome or COMPLETED)
         super().acknowledge()
+
+    def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> Any:
+        """A run ended (Celery's base class; the per-task class's is wrapped the same way)."""
+        try:
+            return super().on_success(failed__retval__runtime, **kwargs)
+        finally:
+            self._returned(failed__retval__runtime)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Wrap the ``on_success`` of Celery's per-task subclass (it does not call ours).
+
+        That subclass acknowledges an ``acks_late`` run that returned, which
+        settles it (:meth:`acknowledge`); a run acknowledged as it started
+        is settled by the wrapper, once it returned.
+        """
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("on_success")
+        if own is None:
+            return
+
+        @functools.wraps(own)
+        def on_success(self: LeaderRequest, failed__retval__runtime: Any, **options: Any) -> Any:
+            try:
+                return own(self, failed__retval__runtime, **options)
+            finally:
+                self._returned(failed__retval__runtime)
+
+        cls.on_success = on_success  # type: ignore[method-assign]
+
+    def _returned(self, failed__retval__runtime: Any) -> None:
+        """After ``on_success``: a run acknowledged as it started completed, unless it failed."""
+        failed = failed__retval__runtime[0] if failed__retval__runtime else True
+        if not failed and not self.task.acks_late:
+            self._run_settled(COMPLETED)
 
     def reject(self, requeue: bool = False) -> None:
         """Reject the message; for a run, settle the copies that waited for it.
@@ -232,6 +274,8 @@ class LeaderRequest(Request):  # type: ignore[misc]
     leader_outcome: str | None = None
     #: Its overlap key, when its task has an overlap policy (see worker.overlap).
     leader_overlap_key: str | None = None
+    #: (task name, occurrence) once it runs as its occurrence's run (see worker.occurrences).
+    leader_occurrence_key: tuple[str, str] | None = None
 
     @property
     def leader_token(self) -> Any:

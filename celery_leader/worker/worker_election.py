@@ -12,6 +12,11 @@ thread, redelivered copies). Per election:
 * a :class:`~celery_leader.term_end.in_worker.TermEnd` that ends its terms:
   only its own runs are killed and only its own messages handed back;
 * its leader queue, consumed exactly while it leads;
+* its occurrences: which run here and which completed, read from its lease
+  state as each term starts and written through (see
+  :mod:`celery_leader.worker.occurrences` and
+  :mod:`celery_leader.worker.occurrence_sync`); a term admits leader work
+  once that read returned or failed;
 * its step-down, and its part of a warm shutdown.
 
 Guarantees and threads are those of the coordinator: lease events arrive on
@@ -31,6 +36,8 @@ from celery_leader.lease import EventKind, LeaseEvent, Role
 from celery_leader.settings import LeaderSettings
 from celery_leader.stores.base import Holder, LeaseStore
 from celery_leader.term_end.in_worker import SnapshotError, TermEnd
+from celery_leader.worker.occurrence_sync import OccurrenceSync
+from celery_leader.worker.occurrences import Occurrences
 from celery_leader.worker.wakeup import wake_redis_consumer
 
 if TYPE_CHECKING:
@@ -95,6 +102,18 @@ class WorkerElection:
             waiting=coordinator.waiting_messages,
             lease_of=lease_of,
         )
+        #: This election's occurrences here: those running, those completed.
+        self.occurrences = Occurrences()
+        #: Reads them from the election's lease state at each term, writes completions.
+        self.occurrence_sync = OccurrenceSync(
+            self.occurrences,
+            store,
+            settings.name,
+            timeout=settings.timing.op_timeout,
+            retry_every=settings.timing.renew_interval,
+            leading=lambda token: self.manager.current_token() == token,
+            on_ready=self._occurrences_ready,
+        )
         self.stepping_down = False
         self._lock = threading.Lock()
 
@@ -111,9 +130,15 @@ class WorkerElection:
     # -- the gate (loop thread) -----------------------------------------------
 
     def admit(self) -> int | None:
-        """The token to run a leader task of this election under now, or None to hand it back."""
+        """The token to run a leader task of this election under now, or None to hand it back.
+
+        None also while the term's record of completed occurrences is being
+        read (at most one store timeout as the term starts).
+        """
         token = self.manager.current_token()
         if not self._taking_work() or token is None or not self.shared.valid_for(token):
+            return None
+        if not self.occurrence_sync.ready(token):
             return None
         return token
 
@@ -124,8 +149,14 @@ class WorkerElection:
     # -- leader queue (loop thread) -------------------------------------------
 
     def should_consume(self) -> bool:
-        """True when this worker should consume the election's leader queue now."""
-        return self._taking_work() and self.manager.is_leader()
+        """True when this worker should consume the election's leader queue now.
+
+        Not before the term's completed occurrences were read (or the read failed).
+        """
+        if not self._taking_work():
+            return False
+        token = self.manager.current_token()
+        return token is not None and self.occurrence_sync.ready(token)
 
     def sync_consumption(self) -> None:
         """Consume the leader queue exactly when leading. Loop thread only."""
@@ -143,10 +174,17 @@ class WorkerElection:
     def _on_elected(self, event: LeaseEvent) -> None:
         """A term began (manager thread; the Election published it already)."""
         token = event.term.token
+        # First: the gate admits nothing under the term until its record was read.
+        self.occurrence_sync.begin_term(token, self.manager.holder.lease_id)
         self.coordinator.post(self.sync_consumption)
         self.coordinator.wake_loop()
         self.coordinator.send_signal(signals.leader_elected, self.name, token=token)
         self.coordinator.send_event("leader-elected", self.name, token=token)
+
+    def _occurrences_ready(self, token: int) -> None:
+        """The term's record was read (or could not be): consume the leader queue now."""
+        self.coordinator.post(self.sync_consumption)
+        self.coordinator.wake_loop()
 
     def _on_ended(self, event: LeaseEvent) -> None:
         """A term ended (manager thread; the Election revoked it already): end its work."""
@@ -167,7 +205,15 @@ class WorkerElection:
         self.term_end.end(token, on_loop=on_loop)
 
     def _work_stopped(self, term: Any) -> bool:
-        return self.term_end.work_stopped(term)
+        """The release guard: no run of *term* goes on; then its occurrences are written."""
+        stopped = self.term_end.work_stopped(term)
+        if stopped:
+            # The runs that completed are in the record the next leader reads: wait for its
+            # writes (bounded), while the lease is still ours in the store. Only once the
+            # runs stopped: asked again and again while they drain, the lease thread must
+            # not sit out a store timeout each time.
+            self.occurrence_sync.flush(term.token, self.settings.timing.op_timeout)
+        return stopped
 
     def await_stopped(self, token: int) -> None:
         """Stop the runs of *token*; where they cannot be killed, wait for them while leading."""
@@ -261,6 +307,7 @@ class WorkerElection:
         try:
             self.manager.stop(release=True)
         finally:
+            self.occurrence_sync.close()
             self.manager.store.close()
 
     # -- inspection -----------------------------------------------------------

@@ -3,8 +3,22 @@
 Input: the rows leader tasks append (start, write, end) to a log that lives
 outside the lease store, the ``gone`` rows the runner appends when a run's
 process died before its end row (killed at the end of its term, or with its
-worker), the ids of the messages sent, and the windows in which a worker's
-whole process group was frozen.
+worker), the ``skip`` rows the runner adds for messages the leader
+acknowledged without running (below), the indexes of the messages sent, and
+the windows in which a worker's whole process group was frozen.
+
+Tasks with an overlap policy (``@leader_only(overlap=...)``): their rows carry
+``overlap_key``, the key the gate holds their runs under (task name, or task
+name and the values of the ``overlap_key`` arguments); rows without it are
+runs of tasks with no policy, never judged per key. A message of such a task
+arriving while a run of its key goes on may be **skipped** under
+``overlap="skip"``: acknowledged without running, its result state
+``SKIPPED``. No task code runs for it, so nothing of it is in the log: the
+runner (which knows each message's task id) reads the result backend at the
+end and adds a ``skip`` row (``i``, ``task_id``, ``overlap_key``) per message
+whose result reads ``SKIPPED``. Such a message is neither started nor lost:
+it is counted as skipped. (A message skipped once and run in another
+delivery counts as started; its result is the last one written.)
 
 A run is one start row. Its **end** is its ``end`` row, else its ``gone``
 row (the first time the runner saw its process gone: an upper bound of the
@@ -35,19 +49,36 @@ Never allowed:
   before an earlier run of it ended (a broker's redelivery after its
   visibility timeout, started beside the run instead of waiting for it).
   Exempt, as above: an earlier run in a worker whose whole process group was
-  frozen during it.
+  frozen during it;
+* **overlapping runs of one key**: two runs of a task with an overlap policy,
+  of the same ``overlap_key`` (two messages, or one message twice), whose
+  [start, end] intervals intersect: the later one started before the
+  earlier one's end (its end row, else its gone row). The overlap policy's
+  guarantee is one run per key at a time, on one leader and across a term
+  change (a SIGKILL, a SIGTERM, a store restart or outage). Exempt, as
+  above: an earlier run in a worker whose whole process group was frozen
+  during it (counted apart; there the old term's run may still be going when
+  the next leader starts one of its key, and only fencing is judged). An
+  earlier run that never ended is judged as such, not here. One overlap may
+  break two rules (a run across a term change, a message run again while it
+  ran): each reports it.
 
 Several elections: rows of a named election carry ``election`` (the
 default election's carry none). Tokens of two elections mean nothing to
 each other, so each election's starts and writes are judged on their own
 (stale starts, stale writes, runs in flight across a term change of *that*
-election); never-ended runs, reruns, duplicates and losses are judged over
-all messages (a message index belongs to one election).
+election); never-ended runs, reruns, overlapping runs of one key (a key
+names its task, and a task belongs to one election), skips, duplicates and
+losses are judged over all messages (a message index belongs to one
+election).
 
 Counted and reported:
 * **runs ended by a kill**: runs whose end is a gone row;
 * **duplicates**: messages run more than once (at-least-once delivery);
-* **lost**: messages sent and never started.
+* **runs with an overlap key**: runs of tasks with an overlap policy;
+* **skipped**: messages acknowledged without running (their ``skip`` rows),
+  never started;
+* **lost**: messages sent and neither started nor skipped.
 """
 
 from __future__ import annotations
@@ -80,6 +111,12 @@ class Summary:
     never_ended: list[dict[str, Any]] = field(default_factory=list)
     rerun_while_running: list[dict[str, Any]] = field(default_factory=list)
     duplicates: int = 0
+    #: Runs of tasks with an overlap policy (start rows carrying ``overlap_key``).
+    overlap_runs: int = 0
+    #: Messages acknowledged without running (``skip`` rows, one per message).
+    skipped: int = 0
+    key_overlaps: list[dict[str, Any]] = field(default_factory=list)
+    frozen_key_overlaps: int = 0
     lost: list[int] = field(default_factory=list)
     terms: int = 0
     #: Terms seen per election ("" is the default election).
@@ -106,6 +143,10 @@ class Summary:
                 f"{len(self.rerun_while_running)} messages run again while they ran: "
                 f"{self.rerun_while_running[:3]}"
             )
+        if self.key_overlaps:
+            found.append(
+                f"{len(self.key_overlaps)} overlapping runs of one key: {self.key_overlaps[:3]}"
+            )
         return found
 
     def table(self) -> str:
@@ -127,7 +168,11 @@ class Summary:
             ("runs never ended (must be 0)", len(self.never_ended)),
             ("messages run again while they ran (must be 0)", len(self.rerun_while_running)),
             ("duplicated messages (at-least-once)", self.duplicates),
-            ("lost messages", len(self.lost)),
+            ("runs with an overlap key", self.overlap_runs),
+            ("overlapping runs of one key (must be 0)", len(self.key_overlaps)),
+            ("  same, earlier run's worker group frozen", self.frozen_key_overlaps),
+            ("messages skipped (a run of their key went on)", self.skipped),
+            ("lost messages (neither started nor skipped)", len(self.lost)),
         ]
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
@@ -217,10 +262,50 @@ def check(rows: list[dict[str, Any]], sent: int, freezes: Iterable[Freeze] = ())
                 break
         runs_of_message[row.get("i")].append((row, end))
         summary.killed += how == "gone"
+    _check_keys(summary, starts, ends, freezes)
     counts = Counter(r["i"] for r in starts)
     summary.duplicates = sum(n - 1 for n in counts.values() if n > 1)
-    summary.lost = sorted(set(range(sent)) - set(counts))
+    skipped = {r["i"] for r in rows if r["kind"] == "skip"} - set(counts)
+    summary.skipped = len(skipped)
+    summary.lost = sorted(set(range(sent)) - set(counts) - skipped)
     return summary
+
+
+def _check_keys(
+    summary: Summary,
+    starts: list[dict[str, Any]],
+    ends: list[tuple[float, str] | None],
+    freezes: list[Freeze],
+) -> None:
+    """Overlapping runs of one key: *starts* oldest first, *ends* theirs (see run_ends)."""
+    # Per key, the runs (start row, end) whose end is later than the latest start seen:
+    # starts come in order, so a run that ended before one start ended before all later ones.
+    open_runs: dict[str, list[tuple[dict[str, Any], float]]] = defaultdict(list)
+    for row, ended in zip(starts, ends, strict=True):
+        key = row.get("overlap_key")
+        if key is None:
+            continue
+        summary.overlap_runs += 1
+        earlier = [(run, end) for run, end in open_runs[key] if end > row["at"]]
+        open_runs[key] = earlier
+        judged = [(run, end) for run, end in earlier if not _frozen_during(freezes, run, end)]
+        if judged:
+            run, end = judged[0]
+            summary.key_overlaps.append(
+                {
+                    **row,
+                    "earlier_task_id": run["task_id"],
+                    "earlier_i": run.get("i"),
+                    "earlier_pid": run.get("pid"),
+                    "earlier_worker": run.get("worker"),
+                    "earlier_started": run["at"],
+                    "earlier_ended": end,
+                }
+            )
+        elif earlier:
+            summary.frozen_key_overlaps += 1
+        if ended is not None:  # a run never ended is judged as such
+            earlier.append((row, ended[0]))
 
 
 def _check_election(

@@ -2,11 +2,13 @@
 
 Each run starts three ``celery worker`` processes of
 tests/integration/leaderapp.py (one reaches the lease store through a
-fault-injecting proxy), streams leader-only ``chaos_work`` tasks, and keeps
-injecting faults: SIGKILL, SIGSTOP-past-the-ttl (of the whole process group,
-and of the main process alone) and SIGTERM of the leader, restarting the
-lease Redis empty, pausing it past the ttl, cutting one worker off the store
-(blackhole, drop, delay) and healing it, slowing that worker's store replies
+fault-injecting proxy), streams leader-only ``chaos_work`` tasks, and beside
+them ``chaos_overlap`` tasks (``overlap="skip"``, one run per account of
+three at a time; see below), and keeps injecting faults: SIGKILL,
+SIGSTOP-past-the-ttl (of the whole process group, and of the main process
+alone) and SIGTERM of the leader, restarting the lease Redis empty, pausing
+it past the ttl, cutting one worker off the store (blackhole, drop, delay)
+and healing it, slowing that worker's store replies
 (each just in time, then held, with the server's scripts flushed), a run
 longer than the Redis broker's visibility timeout (the broker delivers it
 again while it runs; every other long run stays shorter than the timeout), and
@@ -29,6 +31,19 @@ the checker knows when killed work stopped. The runner also records the
 windows in which a worker's whole process group was frozen: a paused leader
 is outside the guarantee's assumptions, and only fencing is judged there.
 
+The overlap traffic, light beside the rest: a thread of its own sends a
+``chaos_overlap`` message every 0.75 to 2.25 s (``overlap_every`` on
+average) for an account of three drawn from the seed, running 0.05 to 0.5 s;
+one time in three a second message of the same account right after it, which
+arrives while the first runs and is skipped (when a pool process is free for
+it then). Its messages take their index from the same count as the others
+(one index space: sent and lost count both). ``chaos_overlap`` stores its
+results in the history Redis (no other task stores any): at the end the
+runner reads the result of each overlap message and adds a ``skip`` row for
+each one that reads ``SKIPPED`` (stored before the message is acknowledged),
+so the checker counts it skipped, not lost (the rows the workers wrote come
+first, the skip rows after them, in history.jsonl too).
+
 With RabbitMQ nothing may be lost: the client publishes with publisher
 confirms, so ``send_task`` returns (and the message counts as sent) only
 once the broker has taken the message; a publish cut off by a restart
@@ -49,7 +64,7 @@ from collections.abc import Callable
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import redis
 from celery import Celery
@@ -182,7 +197,7 @@ class ChaosConfig:
     seed: int
     broker: str = "redis"
     ttl: float = 2.0
-    send_every: float = 0.15  # about a third of what the leader (-c 2) can run
+    send_every: float = 0.15  # with the overlap traffic, most of what the leader (-c 2) runs
     #: Named elections beside the default one: each has a chaos task of its own, the
     #: workers balance them, faults hit the holder of an election drawn from the seed,
     #: and the checker judges each election's history on its own.
@@ -190,6 +205,10 @@ class ChaosConfig:
     #: The lease store: "redis" (one server) or "etcd" (a cluster of three members;
     #: worker 0 reaches the first one alone, through the proxy).
     store: str = "redis"
+    #: Mean seconds between two ``chaos_overlap`` messages (0: none are sent).
+    overlap_every: float = 1.5
+    #: Accounts the overlap messages are drawn from: one overlap key each.
+    overlap_accounts: int = 3
 
 
 class Leading(NamedTuple):
@@ -272,8 +291,17 @@ class ChaosRun:
         self.tasks = {"": f"{TASKS}.chaos_work"} | {
             election: f"{TASKS}.chaos_work_{election}" for election in config.elections
         }
-        install(self.client, tasks={task: election for election, task in self.tasks.items()})
+        self.overlap_task = f"{TASKS}.chaos_overlap"  # of the default election
+        install(
+            self.client,
+            tasks={task: election for election, task in self.tasks.items()}
+            | {self.overlap_task: ""},
+        )
         self.sent = 0
+        #: Index -> task id of each overlap message sent (its result says whether it was skipped).
+        self.overlap_ids: dict[int, str] = {}
+        # The overlap sender's own numbers: the other traffic and the faults stay as they were.
+        self.overlap_rng = random.Random(config.seed + 2)
         self._stop = threading.Event()
         self.lease_reader = open_store(self.store.url, timeout=0.5)
         self.freezes: list[Freeze] = []  # whole process groups frozen: fencing alone is judged
@@ -335,6 +363,57 @@ class ChaosRun:
             self.sent += 1
             return i
 
+    def send_overlap(self, account: int, duration: float) -> int:
+        """Send ``chaos_overlap`` for *account* with the next index *i* and return it.
+
+        Raises when the message was not sent (the broker may be restarting).
+        """
+        with self._send_lock:
+            i = self.sent
+            result = self.client.send_task(self.overlap_task, args=(account, i, duration))
+            self.overlap_ids[i] = result.id
+            self.sent += 1
+            return i
+
+    def _overlap_loop(self) -> None:
+        every = self.config.overlap_every
+        while not self._stop.is_set():
+            account = self.overlap_rng.randrange(self.config.overlap_accounts)
+            # One time in three a pair of one account: the second comes while the first runs.
+            pair = self.overlap_rng.random() < 1 / 3
+            durations = [self.overlap_rng.uniform(0.05, 0.5) for _ in range(1 + pair)]
+            try:
+                for duration in durations:
+                    self.send_overlap(account, duration)
+            except Exception:  # noqa: BLE001 - the broker may be restarting: not sent, retry
+                time.sleep(0.2)
+                continue
+            self._stop.wait(self.overlap_rng.uniform(0.5 * every, 1.5 * every))
+
+    def skips(self, client: redis.Redis) -> list[dict[str, Any]]:
+        """A ``skip`` row per overlap message whose result reads SKIPPED (see the checker)."""
+        with self._send_lock:
+            sent = sorted(self.overlap_ids.items())
+        found = []
+        for start in range(0, len(sent), 500):
+            batch = sent[start : start + 500]
+            metas = client.mget([f"celery-task-meta-{task_id}" for _, task_id in batch])
+            for (i, task_id), raw in zip(batch, metas, strict=True):
+                meta = json.loads(raw) if raw else {}
+                if meta.get("status") == "SKIPPED":
+                    result = meta.get("result") or {}
+                    found.append(
+                        {
+                            "kind": "skip",
+                            "i": i,
+                            "task_id": task_id,
+                            "overlap_key": result.get("key"),
+                            "reason": result.get("reason"),
+                            "date_done": meta.get("date_done"),
+                        }
+                    )
+        return found
+
     def _send_loop(self) -> None:
         while not self._stop.is_set():
             duration = self.send_rng.uniform(0.02, 0.2)
@@ -347,7 +426,7 @@ class ChaosRun:
             self._stop.wait(self.config.send_every)
 
     def long_run(self, seconds: float | None = None, election: str = "") -> str:
-        """Send a run of three ttls and wait (3 s at most) until it starts; what happened.
+        """Send a run of three ttls and wait (6 s at most) until it starts; what happened.
 
         The faults that stop a leader's work from inside its worker (a stalled
         main process, a slow store) put one in flight first: the ordinary
@@ -357,7 +436,8 @@ class ChaosRun:
             i = self.send(self.config.ttl * 3 if seconds is None else seconds, election)
         except Exception:  # noqa: BLE001 - the broker may be restarting
             return "no long run in flight (not sent)"
-        deadline = time.monotonic() + 3
+        # Up to 6 s: the queue holds the ordinary and the overlap traffic ahead of it.
+        deadline = time.monotonic() + 6
         while time.monotonic() < deadline:
             for raw in self.history_client.lrange("history", -200, -1):
                 row = json.loads(raw)
@@ -537,6 +617,10 @@ class ChaosRun:
         self.watcher.start()
         sender = threading.Thread(target=self._send_loop, daemon=True)
         sender.start()
+        senders = [sender]
+        if self.config.overlap_every > 0:
+            senders.append(threading.Thread(target=self._overlap_loop, daemon=True))
+            senders[-1].start()
         # Every kind once first, so a short run sees each (the broker restart
         # included); the order and the rest still come from the seed alone.
         first = self.rng.sample(faults, len(faults))
@@ -555,7 +639,8 @@ class ChaosRun:
                 self.ensure_workers()
         finally:
             self._stop.set()
-            sender.join(10)
+            for thread in senders:
+                thread.join(10)
             self.proxy.set_mode("pass")
         self.ensure_workers()
         # Let every sent message run: a dead worker's unacked ones come back
@@ -564,6 +649,7 @@ class ChaosRun:
         deadline, last_progress, seen = time.monotonic() + 90, time.monotonic(), -1
         while time.monotonic() < deadline and time.monotonic() - last_progress < 15:
             done = {r["i"] for r in self.rows(client) if r["kind"] == "start"}
+            done |= {r["i"] for r in self.skips(client)}  # skipped: they never start
             if done >= set(range(self.sent)):
                 break
             if len(done) != seen:
@@ -573,7 +659,7 @@ class ChaosRun:
         # The last look at every run's pid, before close() kills the workers.
         self.watcher.settle(10)
         self.watcher.stop()
-        rows = self.rows(client)
+        rows = self.rows(client) + self.skips(client)
         with open(self.tmp / "history.jsonl", "w") as out:  # kept for a post-mortem
             out.writelines(json.dumps(row) + "\n" for row in rows)
         summary = check(rows, self.sent, self.freezes)

@@ -16,11 +16,13 @@ def test_short_chaos_run(tmp_path, broker, capsys):
     """75 s of seeded faults, each kind at least once (a broker restart included: for
     RabbitMQ a private node's): no stale start, no stale write accepted, no run of a term
     still in flight when the next term's work began (but in a frozen worker), every run
-    ended or gone; RabbitMQ loses nothing."""
+    ended or gone, no two runs of one overlap key at once; RabbitMQ loses nothing (a
+    skipped overlap message is not lost)."""
     summary = run_chaos(ChaosConfig(seconds=75, seed=SEED, broker=broker), tmp_path)
     print(summary.table())
     assert summary.violations() == []
     assert summary.terms >= 3, "the faults changed the leader several times"
+    assert summary.overlap_runs > 0 and summary.skipped > 0, "the overlap task ran and skipped"
     if broker == "rabbitmq":
         assert summary.lost == []
     else:

@@ -15,7 +15,7 @@ import os
 import time
 
 import redis
-from celery import Celery, shared_task
+from celery import Celery, Task, shared_task
 from celery.worker.control import control_command
 
 from celery_leader import LeaderElection, check_leadership, leader_only, lease_lost, signals
@@ -262,6 +262,32 @@ def overlap_retry(self, tag):
     return tag
 
 
+@leader_only
+@app.task(bind=True)
+def occurrence_flaky(self, seconds, tag):
+    """Raises on the first run of *tag* (after *seconds*), returns on every later one."""
+    record("start", self, tag=tag)
+    time.sleep(seconds)
+    if history().incr(f"flaky-{tag}") == 1:
+        record("raised", self, tag=tag)
+        raise RuntimeError(f"first run of {tag} fails")
+    record("end", self, tag=tag)
+    return tag
+
+
+@leader_only(acks_late=False)
+@app.task(bind=True)
+def occurrence_early_ack(self, seconds, tag):
+    """A leader task acknowledged as it starts; its first run of a "fail..." *tag* raises."""
+    record("start", self, tag=tag)
+    time.sleep(seconds)
+    if tag.startswith("fail") and history().incr(f"early-{tag}") == 1:
+        record("raised", self, tag=tag)
+        raise RuntimeError(f"first run of {tag} fails")
+    record("end", self, tag=tag)
+    return tag
+
+
 if os.environ.get("LEADER_BEAT_EVERY"):
     app.conf.beat_scheduler = "celery_leader.beat:LeaderScheduler"
     app.conf.leader_beat_scheduler = os.environ.get(
@@ -386,3 +412,48 @@ def long_retry(self, seconds):
     if self.request.retries < 1:
         raise self.retry(countdown=0)
     record("end", self)
+
+
+_history_results = None
+
+
+class HistoryResults(Task):  # type: ignore[misc]
+    """A task whose results go to the history Redis (LEADER_HISTORY), whatever the app's.
+
+    For the chaos suite's overlap task alone: a message the gate skips has
+    its SKIPPED result stored there before it is acknowledged, for the
+    runner to read. The other chaos tasks store no result (an app-wide
+    result backend would slow every run, and change how the worker treats
+    a run lost after it stored SUCCESS).
+    """
+
+    @property
+    def backend(self):  # type: ignore[no-untyped-def]
+        global _history_results  # noqa: PLW0603 - one backend per process, made on first use
+        if _history_results is None:
+            from celery.backends.redis import RedisBackend
+
+            _history_results = RedisBackend(app=app, url=os.environ["LEADER_HISTORY"])
+        return _history_results
+
+
+@leader_only(on_loss="terminate", overlap="skip", overlap_key=["account"])
+@app.task(bind=True, base=HistoryResults)
+def chaos_overlap(self, account, i, seconds):
+    """Chaos suite work with an overlap policy: one run per account at a time.
+
+    As _chaos_body (start, fenced write, end; the pid on every row), and its
+    rows carry ``overlap_key``, the key the gate holds it under (task name
+    and account, as celery_leader.tasks.overlap forms it): the checker judges
+    that no two runs of one key overlap. A message of an account whose run
+    goes on is skipped: acknowledged without running, its result SKIPPED in
+    the history Redis (HistoryResults), where the chaos runner reads it.
+    """
+    pid = os.getpid()
+    key = {"overlap_key": f"{self.name}[{json.dumps(account)}]", "account": account}
+    record("start", self, i=i, pid=pid, **key)
+    time.sleep(seconds)
+    sent_at = time.monotonic()
+    accepted = fence.admit("chaos", self.request.leader_token)
+    record("write", self, i=i, accepted=accepted, sent_at=sent_at, pid=pid, **key)
+    record("end", self, i=i, pid=pid, **key)

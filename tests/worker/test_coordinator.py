@@ -118,6 +118,12 @@ class Admitting:
     def admit_overlap(self, request):
         return True  # no overlap policy on these tasks
 
+    def admit_occurrence(self, request):
+        return True  # no occurrence header on these messages
+
+    def claim_occurrence(self, request):
+        return None
+
     def admit_delivery(self, request):
         return True  # no copy of a running message here
 
