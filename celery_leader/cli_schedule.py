@@ -55,7 +55,9 @@ SCHEDULE_EXIT_CODES = """\
 Exit codes:
   0  done
   1  no such entry, no beat leader (pause, resume, run), no schedule
-     view published yet (list), or a run-now not sent within --timeout
+     view published yet (list), a pause or resume the beat leader did
+     not confirm or a run-now it did not send within --timeout, or
+     another command writing the same control meanwhile
   2  the store cannot be read or written, or the command line is wrong
 """
 #: Said when no beat ever published its view.
@@ -70,6 +72,13 @@ NAMES_SHOWN = 10
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """Refuse ``nan`` (click's FloatRange lets it through): it would never end a wait."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a number of seconds", ctx=ctx, param=param)
+    return value
+
+
 def _timeout_option(default: float, low: float, meaning: str) -> Callable[[_F], _F]:
     """``-t/--timeout``, as every schedule command takes it."""
     return click.option(
@@ -79,6 +88,7 @@ def _timeout_option(default: float, low: float, meaning: str) -> Callable[[_F], 
         default=default,
         show_default=True,
         type=click.FloatRange(low, 300),
+        callback=_finite,
         help_group="Schedule Options",
         help=meaning,
     )
@@ -154,6 +164,7 @@ def list_entries(ctx: click.Context, as_json: bool) -> None:
     "for_seconds",
     cls=CeleryOption,
     type=click.FloatRange(min=0, min_open=True),
+    callback=_finite,
     default=None,
     help_group="Schedule Options",
     help="End the pause after this many seconds, as resume would (default: until resumed).",
@@ -166,8 +177,11 @@ def pause(ctx: click.Context, entry: str, for_seconds: float | None, timeout: fl
     Kept in the lease store: a beat that takes over, or restarts, reads it
     before it sends anything. Waits until the beat leader shows the pause.
     """
-    until = time.time() + for_seconds if for_seconds is not None else None
-    _steer(ctx, entry, timeout, PAUSE_PREFIX, lambda by: pause_value(until, by), paused=True)
+    at = time.time()
+    until = at + for_seconds if for_seconds is not None else None
+    _steer(
+        ctx, entry, timeout, PAUSE_PREFIX, lambda by: pause_value(until, by, at), paused=True, at=at
+    )
 
 
 @schedule.command("resume", cls=CeleryCommand, epilog=SCHEDULE_EXIT_CODES)
@@ -176,7 +190,8 @@ def pause(ctx: click.Context, entry: str, for_seconds: float | None, timeout: fl
 @click.pass_context
 def resume(ctx: click.Context, entry: str, timeout: float) -> None:
     """Send ENTRY again from its next due slot; the slots it missed while paused are not sent."""
-    _steer(ctx, entry, timeout, PAUSE_PREFIX, resume_value, paused=False)
+    at = time.time()
+    _steer(ctx, entry, timeout, PAUSE_PREFIX, lambda by: resume_value(by, at), paused=False, at=at)
 
 
 @schedule.command("run", cls=CeleryCommand, epilog=SCHEDULE_EXIT_CODES)
@@ -217,6 +232,7 @@ def _steer(
     value: Any,
     *,
     paused: bool | None = None,
+    at: float | None = None,
     ran: str | None = None,
 ) -> dict[str, Any] | None:
     """Check the entry and the beat leader, write the control, wait for the leader to act.
@@ -230,7 +246,9 @@ def _steer(
     try:
         view = _view(ctx, store, settings)
         names = [str(row.get("name")) for row in view.get("entries") or []]
-        if entry not in names:
+        # An entry gone from the schedule may still be paused: it can be resumed.
+        stale_pause = paused is False and entry in _controls(ctx, store, settings).pauses
+        if entry not in names and not stale_pause:
             _no_such_entry(ctx, settings, entry, names)
         record = _read(ctx, store, settings.name)
         if record is None:
@@ -240,7 +258,6 @@ def _steer(
             )
             ctx.exit(EXIT_NO_LEADER)
         asking = Holder.for_this_process(f"schedule-{Holder.for_this_process().nodename}")
-        written_at = time.time()
         write_slot(
             ctx,
             store,
@@ -257,14 +274,9 @@ def _steer(
                 ctx, store, settings, entry=entry, request_id=ran, deadline=deadline + 1.0
             )
         assert paused is not None
-        confirmed = _await_view(
-            ctx,
-            store,
-            settings,
-            entry=entry,
-            paused=paused,
-            written_at=written_at,
-            deadline=deadline,
+        assert at is not None
+        confirmed = stale_pause or _await_view(
+            ctx, store, settings, entry=entry, control_at=at, deadline=deadline
         )
     finally:
         store.close()
@@ -278,12 +290,14 @@ def _say_steered(
     done = "paused" if paused else "resumed"
     if confirmed:
         ctx.obj.echo(f"{entry} {done} (beat leader {record.nodename} confirmed)")
-    else:
-        ctx.obj.echo(
-            f"{entry} {done} in the lease store; beat leader {record.nodename} has not "
-            "confirmed yet (a beat reads it before it sends)"
-        )
-    ctx.exit(EXIT_LEADER)
+        ctx.exit(EXIT_LEADER)
+    # Written, but the beat leader has not shown it: it may not be in effect yet.
+    ctx.obj.echo(
+        f"{entry} {done} in the lease store, but beat leader {record.nodename} did not confirm "
+        "within --timeout: it may not lead any more, or not reach the store (a beat that "
+        "takes over reads it before it sends)"
+    )
+    ctx.exit(EXIT_NO_LEADER)
 
 
 def _view(ctx: click.Context, store: LeaseStore, settings: LeaderSettings) -> dict[str, Any]:
@@ -317,18 +331,19 @@ def _await_view(
     settings: LeaderSettings,
     *,
     entry: str,
-    paused: bool,
-    written_at: float,
+    control_at: float,
     deadline: float,
 ) -> bool:
-    """True once the beat leader published a view, after *written_at*, showing *entry* so."""
+    """True once the beat leader's view shows *entry* under the control written at *control_at*.
+
+    The view echoes the stamp of the control it reflects: no clock of two
+    hosts is compared.
+    """
     while time.monotonic() < deadline:
         view = view_of(_call(ctx, lambda: store.get_state(settings.name))) or {}
-        published = view.get("published_at")
-        if isinstance(published, (int, float)) and published >= written_at:
-            for row in view.get("entries") or []:
-                if row.get("name") == entry and bool(row.get("paused")) is paused:
-                    return True
+        for row in view.get("entries") or []:
+            if row.get("name") == entry and row.get("control_at") == control_at:
+                return True
         time.sleep(0.1)
     return False
 

@@ -7,6 +7,7 @@ setting, the value given and what is allowed.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import logging
@@ -283,10 +284,14 @@ def _missed_policy(key: str, value: Any) -> str | float:
     """A missed-slot policy as given: ``"once"``, ``"skip"`` or a window in seconds."""
     if value in MISSED_POLICIES:
         return str(value)
+    window: float | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         window = float(value)
-        if math.isfinite(window) and window >= 0:
-            return window
+    elif isinstance(value, str):  # from an environment variable: "3600"
+        with contextlib.suppress(ValueError):
+            window = float(value)
+    if window is not None and math.isfinite(window) and window >= 0:
+        return window
     raise ConfigurationError(f"{key}={value!r} is not allowed: use {_MISSED_ALLOWED}")
 
 

@@ -10,55 +10,42 @@ decides whether that one message goes out:
 * ``"skip"``: never (a window of 0);
 * a number of seconds: only when the latest missed slot is at most that old.
 
-Judged on the *latest* missed slot: it is the one a catch-up send stands in
-for, and an entry whose last slot passed moments ago is worth sending even
-if earlier ones are hours old.
+Judged on the *latest* missed slot (is there one within the window?): it
+is the one a catch-up send stands in for, and an entry whose last slot
+passed moments ago is worth sending even if earlier ones are hours old.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 from typing import Any
 
 from celery_leader.beat.occurrence import slot_after
 from celery_leader.beat.state import schedule_time
 
-#: The most slots walked through to find the latest missed one (a 1 s entry down for 3 h).
-MAX_STEPS = 10_000
 
+def catch_up(entry: Any, last_sent: float, window: float, now: float) -> bool:
+    """True when a takeover should send *entry*'s missed slot: one fell due within *window* s.
 
-def latest_missed_slot(entry: Any, last_sent: float, now: float) -> float | None:
-    """The latest slot of *entry* after *last_sent* and not after *now* (unix times), or None.
-
-    Intervals are computed; other schedules are walked slot by slot from
-    *last_sent* (at most :data:`MAX_STEPS`; past that, *now* stands for the
-    latest slot: it is at least that young).
+    A slot of the entry lies after its last send (*last_sent*) and in the
+    last *window* seconds before *now* (unix times): the first slot after
+    ``max(last_sent, now - window)`` is not later than *now*. A window of
+    0 (``"skip"``) never sends; an infinite one (``"once"``) sends whenever
+    a slot was missed.
     """
+    if window <= 0:
+        return False
     schedule = entry.schedule
     run_every = getattr(schedule, "run_every", None)
     if isinstance(run_every, dt.timedelta) and not hasattr(schedule, "remaining_delta"):
+        # An interval's slots are counted from the last send, not from the clock.
         period = run_every.total_seconds()
-        if period <= 0:
-            return None
-        slots = int((now - last_sent) // period)
-        return last_sent + slots * period if slots >= 1 else None
-    latest: float | None = None
-    cursor = last_sent
-    for _ in range(MAX_STEPS):
-        following = _slot_after(entry, cursor)
-        if following is None or following > now or following <= cursor:
-            return latest
-        latest = cursor = following
-    return now
-
-
-def _slot_after(entry: Any, moment: float) -> float | None:
-    """The first slot of *entry* after a run at *moment*, by its schedule; None when it has none."""
-    slot = slot_after(entry.schedule, schedule_time(entry, moment))
-    return None if slot is None else slot.timestamp()
-
-
-def catch_up(entry: Any, last_sent: float, window: float, now: float) -> bool:
-    """True when a takeover should send *entry*'s missed slot: at most *window* seconds old."""
-    latest = latest_missed_slot(entry, last_sent, now)
-    return latest is not None and now - latest <= window
+        if period <= 0 or now - last_sent < period:
+            return False
+        latest = last_sent + ((now - last_sent) // period) * period
+        return now - latest <= window
+    # Crontabs (and other calendars): their slots are fixed times of day.
+    cursor = last_sent if math.isinf(window) else max(last_sent, now - window)
+    following = slot_after(schedule, schedule_time(entry, cursor))
+    return following is not None and following.timestamp() <= now

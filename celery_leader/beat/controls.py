@@ -29,7 +29,7 @@ import json
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery_leader.settings import schedule_slot
@@ -53,12 +53,22 @@ def control_slot(beat_election: str) -> str:
 
 @dataclass(frozen=True)
 class RunRequest:
-    """One ``schedule run ENTRY``: send the entry once, now."""
+    """One ``schedule run ENTRY``: send the entry once, now.
+
+    *at* and *expires* are on the clock of the host that asked; the beat
+    leader judges the request's life on its own clock from when it first saw
+    it (``expires - at`` seconds), so clocks that disagree do not matter.
+    """
 
     entry: str
     id: str
     at: float
     expires: float
+
+    @property
+    def lifetime(self) -> float:
+        """How long the request may wait for a send, seconds."""
+        return max(0.0, self.expires - self.at)
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,9 @@ class Controls:
     pauses: Mapping[str, float]
     #: Entry -> its last run-now request.
     runs: Mapping[str, RunRequest]
+    #: Entry -> the ``at`` of its last pause or resume (echoed in the view: the
+    #: command's confirmation, whatever the hosts' clocks say).
+    stamps: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> Controls:
@@ -80,15 +93,19 @@ class Controls:
         """Parse the control slot's *state*; a value that does not parse is ignored."""
         pauses: dict[str, float] = {}
         runs: dict[str, RunRequest] = {}
+        stamps: dict[str, float] = {}
         for key, raw in state.items():
             value = _json_object(raw)
             if value is None:
                 continue
-            if key.startswith(PAUSE_PREFIX) and value.get("paused") is True:
-                until = value.get("until")
-                pauses[key[len(PAUSE_PREFIX) :]] = (
-                    float(until) if isinstance(until, (int, float)) else math.inf
-                )
+            if key.startswith(PAUSE_PREFIX):
+                entry = key[len(PAUSE_PREFIX) :]
+                at = value.get("at")
+                if isinstance(at, (int, float)):
+                    stamps[entry] = float(at)
+                if value.get("paused") is True:
+                    until = value.get("until")
+                    pauses[entry] = float(until) if isinstance(until, (int, float)) else math.inf
             elif key.startswith(RUN_PREFIX):
                 entry = key[len(RUN_PREFIX) :]
                 try:
@@ -97,7 +114,7 @@ class Controls:
                     )
                 except (KeyError, TypeError, ValueError):
                     continue
-        return cls(pauses, runs)
+        return cls(pauses, runs, stamps)
 
     def paused_until(self, entry: str, now: float | None = None) -> float | None:
         """When *entry*'s pause ends (``inf``: until resumed), or None when it is not paused."""
@@ -107,14 +124,18 @@ class Controls:
         return until if until > (time.time() if now is None else now) else None
 
 
-def pause_value(until: float | None, by: str) -> str:
-    """The control slot's value for a pause (*until* None: until resumed)."""
-    return json.dumps({"paused": True, "until": until, "at": time.time(), "by": by})
+def pause_value(until: float | None, by: str, at: float | None = None) -> str:
+    """The control slot's value for a pause (*until* None: until resumed), written at *at*."""
+    return json.dumps(
+        {"paused": True, "until": until, "at": time.time() if at is None else at, "by": by}
+    )
 
 
-def resume_value(by: str) -> str:
-    """The control slot's value for a resumed entry."""
-    return json.dumps({"paused": False, "until": None, "at": time.time(), "by": by})
+def resume_value(by: str, at: float | None = None) -> str:
+    """The control slot's value for a resumed entry, written at *at*."""
+    return json.dumps(
+        {"paused": False, "until": None, "at": time.time() if at is None else at, "by": by}
+    )
 
 
 def run_value(request_id: str, at: float, expires: float, by: str) -> str:

@@ -34,9 +34,10 @@ succeeded, and only while it still holds the lease. On taking over, a new
 leader counts each entry from the previous leaders' last send (the later of
 that mark and the scheduler's own shared record, see
 :mod:`celery_leader.beat.state`), so it neither sends early nor skips; a slot
-that passed while nobody led is sent once or skipped by the missed policy:
-``leader_beat_missed`` (a dict of entry name to ``"once"`` or ``"skip"``) with
-``leader_beat_missed_default`` (``"once"``). It never sends an entry whose
+that passed while nobody led is sent once, skipped, or sent only within a
+catch-up window by the missed policy: ``leader_beat_missed`` (a dict of entry
+name to ``"once"``, ``"skip"`` or seconds) with ``leader_beat_missed_default``
+(``"once"``); see :mod:`celery_leader.beat.catch_up`. It never sends an entry whose
 last send (by anyone) already covers the current slot. RedBeat writes its own
 last runs to Redis before each publish and needs none of this.
 
@@ -80,8 +81,8 @@ from typing import Any, TypeVar
 from celery.beat import PersistentScheduler
 from celery.utils.imports import load_extension_class_names, symbol_by_name
 
-from celery_leader.beat.catch_up import catch_up, latest_missed_slot
-from celery_leader.beat.controls import RESERVED_PREFIX, RunRequest
+from celery_leader.beat.catch_up import catch_up
+from celery_leader.beat.controls import RAN_PREFIX, RESERVED_PREFIX, RunRequest, ran_value
 from celery_leader.beat.occurrence import (
     OCCURRENCE_HEADER,
     due_slot,
@@ -212,6 +213,7 @@ class BeatElection:
         self.marks: dict[str, dict[str, Any]] = {}
         #: Beat's own state as read at the last takeover (marks, view, run-now records).
         self.own_state: dict[str, str] = {}
+        self._own_state_lock = threading.Lock()
         #: Pauses and run-now requests, and the view this beat publishes while it leads.
         self.steering = Steering(settings.name, self.read_state, self._write_steering)
         #: The metric families, when metrics are on.
@@ -244,11 +246,11 @@ class BeatElection:
 
     def stop(self) -> None:
         """Stop leading, release, and close the store."""
+        self.steering.stop()  # first: nothing more is written, the release follows
         with self._lock:
             if self._started:
                 self.manager.stop(release=True)
                 self._started = False
-        self.steering.stop()
         self._calls.close()
         self._request_calls.close()
         self._control_calls.close()
@@ -416,13 +418,12 @@ class BeatElection:
         write given up on that may still land holds the release of its lease
         back until it returns (see :meth:`no_publish_in_flight`).
         """
-        name = self.settings.name
         # Bound now, as the lease thread does: the write names this term's lease.
         write = _MarkWrite(self.manager.holder.lease_id)
         try:
             return self._store_call(
                 what,
-                lambda: write.run(lambda: self.store.set_state(name, write.lease_id, key, value)),
+                lambda: write.run(lambda: self._set_own_state(write.lease_id, key, value)),
             )
         except StoreError as exc:
             if write.give_up():
@@ -433,14 +434,23 @@ class BeatElection:
 
     def _write_steering(self, lease_id: str, key: str, value: str) -> bool:
         """Write *key* of beat's own state under *lease_id* (the steering thread), bounded."""
-        name = self.settings.name
         return store_call(
             self._control_calls.call,
-            lambda: self.store.set_state(name, lease_id, key, value),
+            lambda: self._set_own_state(lease_id, key, value),
             self.settings.timing.op_timeout,
             f"write {key}",
             self.store.url,
         )
+
+    def _set_own_state(self, lease_id: str, key: str, value: str) -> bool:
+        """One write of beat's own state at a time (on a store helper thread).
+
+        Beat's loop (send marks) and the steering thread (view, run-now
+        records) both write it; a store that rewrites the whole state on each
+        write (Azure's blob) would otherwise lose one of two writes at once.
+        """
+        with self._own_state_lock:
+            return self.store.set_state(self.settings.name, lease_id, key, value)
 
     def read_state(self, name: str) -> dict[str, str]:
         """The state of lease name *name*, within ``leader_store_timeout`` (any thread)."""
@@ -592,7 +602,9 @@ class LeaderSchedulerMixin:
         state = self._leader_state
         state.reload(self)
         if not state.uses_marks:
-            return True  # the scheduler's shared state already holds every leader's sends
+            # The scheduler's shared state already holds every leader's sends.
+            self._leader_window_on_own_record()
+            return True
         entries = list(self.schedule.values())  # type: ignore[attr-defined]
         marks = {
             entry.name: float(election.marks[entry.name]["at"])
@@ -632,28 +644,59 @@ class LeaderSchedulerMixin:
         """
         state = self._leader_state
         state.note_sent(self, entry, last_sent)
-        if _slot_missed(entry, last_sent):
-            window = self._leader_beat.catch_up_window(entry.name)
-            now = time.time()
-            if math.isinf(window) or catch_up(entry, last_sent, window, now):
-                logger.info("celery-leader beat: %s missed a slot; sending it once", entry.name)
-            else:
-                latest = latest_missed_slot(entry, last_sent, now)
-                age = f"{now - latest:.0f} s old" if latest is not None else "old"
-                logger.info(
-                    "celery-leader beat: %s missed a slot (%s, window %g s); skipped",
-                    entry.name,
-                    age,
-                    window,
-                )
-                self._leader_count_skip(entry.name, "window")
-                if self._leader_mode != "reserve":  # a reserving standby already moved on
-                    state.anchor(self, entry, now)
-                return
+        if _slot_missed(entry, last_sent) and not self._leader_catch_up(entry, last_sent):
+            if self._leader_mode != "reserve":  # a reserving standby already moved on
+                state.anchor(self, entry, time.time())
+            return
         # Carry on from the last send, not from this beat's own record of the
         # entry (a standby's, which may lie almost a period later, or a
         # database's, which may be minutes old).
         state.anchor(self, entry, last_sent)
+
+    def _leader_catch_up(self, entry: Any, last_sent: float) -> bool:
+        """*entry* missed a slot since *last_sent*: True to send it once, by its missed policy."""
+        if (
+            self._leader_election is not None
+            and self._election().steering.paused_until(entry.name) is not None
+        ):
+            logger.info("celery-leader beat: %s missed a slot; it is paused", entry.name)
+            return True  # counted from its last send; its paused slots are consumed as they come
+        window = self._leader_beat.catch_up_window(entry.name)
+        if catch_up(entry, last_sent, window, time.time()):
+            logger.info("celery-leader beat: %s missed a slot; sending it once", entry.name)
+            return True
+        logger.info(
+            "celery-leader beat: %s missed a slot; none within its catch-up window (%s): "
+            "skipped, counting from now",
+            entry.name,
+            "skip" if window == 0 else f"{window:g} s",
+        )
+        self._leader_count_skip(entry.name, "window")
+        return False
+
+    def _leader_window_on_own_record(self) -> None:
+        """For schedulers that keep their own last runs (RedBeat): the missed policy on those.
+
+        Their standbys do not tick, so at takeover an entry whose last run is
+        a slot or more behind is due; under ``"skip"`` or a window it is
+        moved on to now unless a slot fell within the window. ``"once"``
+        leaves the scheduler to send it, as it would.
+        """
+        entries = self._leader_entries()
+        for entry in (entries or {}).values():
+            if math.isinf(self._leader_beat.catch_up_window(entry.name)):
+                continue
+            last = getattr(entry, "last_run_at", None)
+            if not isinstance(last, dt.datetime):
+                continue
+            if last.tzinfo is None:
+                last = last.replace(tzinfo=dt.timezone.utc)
+            sent = last.timestamp()
+            try:
+                if _slot_missed(entry, sent) and not self._leader_catch_up(entry, sent):
+                    self._leader_state.anchor(self, entry, time.time())
+            except Exception:
+                logger.exception("celery-leader beat: could not take %s over", entry.name)
 
     def apply_entry(self, entry: Any, producer: Any = None) -> None:
         """Send when leading and the slot is not sent yet; a standby only keeps in step."""
@@ -722,7 +765,16 @@ class LeaderSchedulerMixin:
                 raise
             outcome = True
             if manual is not None:
+                # Recorded before the guard is lowered, as a send's mark is: a release
+                # must not let the next leader find the request still undone.
                 self._leader_sent_manual = (occurrence, sent_at, token)
+                request = self._leader_manual_request
+                if request is not None:
+                    election.write_state(
+                        f"{RAN_PREFIX}{request.entry}",
+                        ran_value(request.id, occurrence, sent_at, token),
+                        "record the run-now send",
+                    )
                 return result  # a run-now send moves no slot: no mark
             # Marked only once it is out: a loss before this line leaves the slot
             # unmarked, and the next leader's missed policy decides (see module doc).
@@ -744,6 +796,8 @@ class LeaderSchedulerMixin:
     _leader_manual: str | None = None
     #: (occurrence, sent_at, token) of the last run-now send, set by apply_async.
     _leader_sent_manual: tuple[str, float, int] | None = None
+    #: The run-now request being carried out (apply_async records it as done).
+    _leader_manual_request: RunRequest | None = None
 
     def _leader_skip_paused(self, election: BeatElection, entry: Any, token: int) -> bool:
         """True when *entry* is paused: its slot is consumed (marked) without a send.
@@ -757,7 +811,10 @@ class LeaderSchedulerMixin:
         logger.info("celery-leader beat: %s is paused; slot skipped", entry.name)
         election.publishing()  # the mark is written under the publish guard, as a send's
         try:
-            election.mark_sent(entry.name, token, time.time(), skipped="paused")
+            # Read again under the flag (raised first, as for a send): a term that ended
+            # meanwhile writes no mark.
+            if election.leading() == token:
+                election.mark_sent(entry.name, token, time.time(), skipped="paused")
         finally:
             election.published(None)
         election.steering.sent()
@@ -775,24 +832,34 @@ class LeaderSchedulerMixin:
         entries: dict[str, Any] | None = None
         if pending:
             entries = self._leader_entries()
-            for request in pending:
-                self._leader_run_now(election, request, entries.get(request.entry), token)
+            if entries is not None:
+                for request in pending:
+                    self._leader_run_now(election, request, entries.get(request.entry), token)
         if election.steering.publish_due():
+            # Marked published before the view is built: a change read meanwhile
+            # makes it due again, and is not lost with this one.
+            election.steering.publishing()
             if entries is None:
                 entries = self._leader_entries()
-            self._leader_publish_view(election, entries, token)
+            if entries is not None:  # a failed read keeps the last good view
+                self._leader_publish_view(election, entries, token)
 
-    def _leader_entries(self) -> dict[str, Any]:
+    def _leader_entries(self) -> dict[str, Any] | None:
+        """Every entry of the schedule by name; None when they could not be read."""
         try:
             return self._leader_state.entries(self)
         except Exception:
             logger.exception("celery-leader beat: could not read the schedule's entries")
-            return {}
+            return None
 
     def _leader_run_now(
         self, election: BeatElection, request: RunRequest, entry: Any, token: int
     ) -> None:
         """Send *entry* once for the run-now *request*, as a manual occurrence."""
+        # Done in this term whatever happens next: a send that raises is not retried
+        # at every tick (the broker is gone: this beat hands over, and the next
+        # leader, finding no record, tries once more).
+        election.steering.attempted(request)
         if entry is None:
             logger.warning(
                 "celery-leader beat: asked to run %r now, but the schedule has no such entry",
@@ -802,6 +869,7 @@ class LeaderSchedulerMixin:
         self._leader_manual = manual_occurrence(
             entry.name, dt.datetime.fromtimestamp(request.at, tz=dt.timezone.utc)
         )
+        self._leader_manual_request = request
         self._leader_sent_manual = None
         try:
             self.apply_async(entry, producer=self.producer, advance=False)  # type: ignore[attr-defined]
@@ -810,12 +878,11 @@ class LeaderSchedulerMixin:
             return
         finally:
             self._leader_manual = None
+            self._leader_manual_request = None
         sent = self._leader_sent_manual
-        if sent is None:
-            return  # this beat stopped leading meanwhile: the next leader carries it out
-        occurrence, sent_at, sent_token = sent
-        logger.info("celery-leader beat: %s sent now, as asked (%s)", entry.name, occurrence)
-        election.steering.ran(request, occurrence, sent_at, sent_token)
+        if sent is not None:
+            logger.info("celery-leader beat: %s sent now, as asked (%s)", entry.name, sent[0])
+            election.steering.sent()
 
     def _leader_publish_view(
         self, election: BeatElection, entries: dict[str, Any], token: int

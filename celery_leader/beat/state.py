@@ -31,8 +31,11 @@ before 5.7 matches crontab fields in the zone of the time it is given.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Mapping
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 #: Names per database query when reading many entries' last runs.
 _QUERY_CHUNK = 500
@@ -101,21 +104,38 @@ class RedBeatState(ScheduleState):
     def entries(self, scheduler: Any) -> dict[str, Any]:
         """Every entry in RedBeat's sorted set (its ``schedule`` holds only the due ones).
 
-        Assumes RedBeat's layout since 2.0: ``app.redbeat_conf.schedule_key``
-        and ``Entry.from_key``. An entry whose key is gone meanwhile is left out.
+        Two round trips whatever the number of entries: the keys, then every
+        entry's definition and meta in one pipeline, decoded as RedBeat's
+        ``Entry.from_key`` does. Assumes RedBeat's layout since 2.0
+        (``app.redbeat_conf.schedule_key``, hash fields ``definition`` and
+        ``meta``). An entry whose key is gone meanwhile is left out.
         """
         from redbeat.schedulers import get_redis  # type: ignore[import-untyped]  # noqa: PLC0415
 
         app = scheduler.app
-        keys = get_redis(app).zrange(app.redbeat_conf.schedule_key, 0, -1)
+        client = get_redis(app)
+        keys = client.zrange(app.redbeat_conf.schedule_key, 0, -1)
+        with client.pipeline() as pipe:
+            for key in keys:
+                pipe.hget(key, "definition")
+                pipe.hget(key, "meta")
+            fields = pipe.execute()
+        entry_class = scheduler.Entry
         found: dict[str, Any] = {}
-        for key in keys:
-            try:
-                entry = scheduler.Entry.from_key(key, app=app)
-            except KeyError:
+        for definition, meta in zip(fields[::2], fields[1::2], strict=True):
+            if not definition:
                 continue
+            decoded = entry_class.decode_definition(definition)
+            last = entry_class.decode_meta(meta)
+            decoded.update(last)
+            entry = entry_class(app=app, **decoded)
+            entry.last_run_at = last["last_run_at"]
             found[entry.name] = entry
         return found
+
+    def anchor(self, scheduler: Any, entry: Any, sent_at: float) -> None:
+        """Count *entry* from *sent_at* in Redis, where RedBeat keeps its last run."""
+        entry.reschedule(last_run_at=schedule_time(entry, sent_at))
 
 
 class DjangoDatabaseState(ScheduleState):
@@ -133,6 +153,23 @@ class DjangoDatabaseState(ScheduleState):
         """Re-read the table on the next access to ``schedule`` (after writing our own runs)."""
         scheduler._initial_read = True
         scheduler._heap = None
+
+    def entries(self, scheduler: Any) -> dict[str, Any]:
+        """Every enabled row, not only those the scheduler loaded.
+
+        django-celery-beat 2.8 and later load only what may fall due soon (a
+        crontab whose hour is hours away is left out until then); the view
+        and run-now need every entry. Rows it loaded come as it has them.
+        """
+        found = dict(scheduler.schedule)
+        for model in scheduler.Model._default_manager.enabled():
+            if model.name in found:
+                continue
+            try:
+                found[model.name] = scheduler.Entry(model, app=scheduler.app)
+            except Exception:
+                logger.debug("celery-leader beat: row %s left out", model.name, exc_info=True)
+        return found
 
     def last_sent(self, scheduler: Any, marks: Mapping[str, float]) -> dict[str, float]:
         """The later of the mark and the table's ``last_run_at``, read in a few queries.

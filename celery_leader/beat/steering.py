@@ -10,7 +10,8 @@ One :class:`Steering` per beat. While the beat leads it
   effect within :data:`CONTROL_POLL` plus one tick of being written;
 * lists the run-now requests it has not carried out (each is carried out
   once per request id: in memory for its own term, and through the record
-  it writes into beat's state for the terms after it; a leader that dies
+  the send writes into beat's state, under the publish guard, for the terms
+  after it; a leader that dies
   between the send and that record leaves the request to the next, which
   sends it again under the same manual occurrence, so the worker's
   occurrence record skips it if the first run completed);
@@ -33,13 +34,11 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from celery_leader.beat.controls import (
-    RAN_PREFIX,
     VIEW_KEY,
     Controls,
     RunRequest,
     control_slot,
     ran_records,
-    ran_value,
 )
 from celery_leader.beat.occurrence import due_slot
 from celery_leader.exceptions import StoreError
@@ -52,6 +51,10 @@ CONTROL_POLL = 0.5
 VIEW_MIN_GAP = 1.0
 #: The longest gap between two publishes of the view, seconds.
 VIEW_EVERY = 5.0
+#: How far a commanding host's clock may be ahead before its expired request counts as over.
+CLOCK_ALLOWANCE = 60.0
+#: The shortest gap between two warnings that the control slot cannot be read, seconds.
+WARN_EVERY = 30.0
 
 
 class Steering:
@@ -84,6 +87,10 @@ class Steering:
         self.controls = Controls.empty()
         #: Entry -> the run-now request id carried out last (by this beat or an earlier leader).
         self._ran: dict[str, str] = {}
+        #: Run-now request id -> when this beat first saw it (monotonic).
+        self._first_seen: dict[str, float] = {}
+        #: When an unreadable control slot was last reported (monotonic).
+        self._warned_at = -math.inf
         self._published_at = -math.inf
         self._view_dirty = True
         #: The lease id of the term that writes, while beat leads; None otherwise.
@@ -123,7 +130,14 @@ class Steering:
         try:
             state = self._read_state(self._slot)
         except StoreError as exc:
-            logger.warning("celery-leader beat: could not read the schedule controls: %s", exc)
+            now = time.monotonic()
+            if now - self._warned_at >= WARN_EVERY:  # a tick's retry is no news
+                self._warned_at = now
+                logger.warning(
+                    "celery-leader beat: could not read the schedule controls (lease name %s): %s",
+                    self._slot,
+                    exc,
+                )
             return False
         controls = Controls.from_state(state)
         if controls != self.controls:
@@ -180,21 +194,27 @@ class Steering:
         return self.controls.paused_until(entry)
 
     def pending_runs(self) -> list[RunRequest]:
-        """The run-now requests not carried out yet and not expired."""
-        now = time.time()
-        return [
-            request
-            for entry, request in self.controls.runs.items()
-            if self._ran.get(entry) != request.id and request.expires > now
-        ]
+        """The run-now requests not carried out yet and not expired.
 
-    def ran(self, request: RunRequest, occurrence: str, sent_at: float, token: int) -> None:
-        """*request* was sent as *occurrence*: never again in this term; recorded for the next."""
+        A request lives ``lifetime`` seconds from when this beat first saw
+        it, on this beat's own clock; one whose ``expires`` passed more than
+        :data:`CLOCK_ALLOWANCE` ago by this beat's wall clock is over too (the
+        command gave up on it long ago: no beat led then).
+        """
+        now, wall = time.monotonic(), time.time()
+        pending = []
+        for entry, request in self.controls.runs.items():
+            if self._ran.get(entry) == request.id:
+                continue
+            seen = self._first_seen.setdefault(request.id, now)
+            if now - seen > request.lifetime or wall > request.expires + CLOCK_ALLOWANCE:
+                continue
+            pending.append(request)
+        return pending
+
+    def attempted(self, request: RunRequest) -> None:
+        """*request* was carried out (or tried) in this term: never again in it."""
         self._ran[request.entry] = request.id
-        self._view_dirty = True
-        self._write(
-            f"{RAN_PREFIX}{request.entry}", ran_value(request.id, occurrence, sent_at, token)
-        )
 
     def sent(self) -> None:
         """An entry was sent or its slot skipped: the view changed."""
@@ -207,10 +227,13 @@ class Steering:
         since = time.monotonic() - self._published_at
         return since >= VIEW_EVERY or (self._view_dirty and since >= VIEW_MIN_GAP)
 
-    def publish(self, view: dict[str, Any]) -> None:
-        """Leave *view* for the helper thread to write into beat's state."""
+    def publishing(self) -> None:
+        """A view is about to be built: what changes from now on makes the next one due."""
         self._published_at = time.monotonic()
         self._view_dirty = False
+
+    def publish(self, view: dict[str, Any]) -> None:
+        """Leave *view* for the helper thread to write into beat's state."""
         self._write(VIEW_KEY, json.dumps(view))
 
     def view(
@@ -231,6 +254,8 @@ class Steering:
                 "next_due": _next_due(entry),
                 "paused": until is not None,
                 "paused_until": None if until is None or math.isinf(until) else until,
+                # The pause or resume this view reflects (the command waits for its own).
+                "control_at": self.controls.stamps.get(entry.name),
             }
             row.update(describe(entry))
             rows.append(row)

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from celery import Celery
+from celery.schedules import schedule
 
 from celery_leader.beat import TOKEN_HEADER, LeaderScheduler, LeaderSchedulerMixin
 from celery_leader.beat.controls import control_slot, pause_value, resume_value
@@ -346,3 +347,29 @@ def test_pause_skips_slots_resume_sends_on_and_metrics_count_both(scheduler, red
     _tick_for(sched, CONTROL_POLL + 1.6)
     resumed = sent(app)
     assert 1 <= len(resumed) <= 2, "resumed: the next due slots only, no burst"
+
+
+@pytest.mark.parametrize(("window", "expected"), [(30, 1), (3, 0)])
+def test_catch_up_window_applies_to_redbeats_own_record(tmp_path, redis_server, window, expected):
+    """RedBeat keeps its last runs itself (no send marks): the window is judged on those."""
+    from redbeat.schedulers import RedBeatSchedulerEntry
+
+    app = make_app(
+        redis_server.url,
+        every=10.0,
+        leader_beat_scheduler="redbeat.RedBeatScheduler",
+        leader_beat_missed_default=window,
+        redbeat_redis_url=redis_server.url,
+    )
+    app.conf.redbeat_key_prefix = f"redbeat-{app.main}:"
+    # An earlier leader ran it 25 s ago: slots 15 s and 5 s ago were missed.
+    entry = RedBeatSchedulerEntry("tick", f"{app.main}.tick", schedule(10.0), app=app).save()
+    entry.reschedule(last_run_at=datetime.now(timezone.utc) - timedelta(seconds=25))
+    sched = LeaderScheduler(app=app, lazy=False)
+    try:
+        assert sched._election().manager.wait_for_leadership(5)
+        sched.tick()
+        sched.tick()
+        assert len(sent(app)) == expected
+    finally:
+        sched.close()

@@ -10,7 +10,7 @@ from celery import Celery
 from celery.beat import ScheduleEntry
 from celery.schedules import crontab, schedule
 
-from celery_leader.beat.catch_up import catch_up, latest_missed_slot
+from celery_leader.beat.catch_up import catch_up
 from celery_leader.exceptions import ConfigurationError
 from celery_leader.settings import beat_settings
 
@@ -21,25 +21,31 @@ def entry(every: object) -> ScheduleEntry:
     return ScheduleEntry(name="nightly", task="t", schedule=every, app=app)
 
 
-def test_interval_latest_missed_slot_is_the_last_period_before_now() -> None:
+def test_interval_judges_the_latest_slot_counted_from_the_last_send() -> None:
     now = time.time()
     tick = entry(schedule(timedelta(seconds=60)))
     last = now - 150  # slots at -90 and -30: the latest is 30 s old
-    assert latest_missed_slot(tick, last, now) == pytest.approx(now - 30)
     assert catch_up(tick, last, window=45, now=now)
     assert not catch_up(tick, last, window=20, now=now)
-    assert latest_missed_slot(tick, now - 30, now) is None  # nothing missed yet
+    assert not catch_up(tick, now - 30, window=3600, now=now)  # nothing missed yet
+    assert catch_up(tick, last, window=float("inf"), now=now)  # "once"
+    assert not catch_up(tick, last, window=0.0, now=now)  # "skip"
 
 
-def test_crontab_latest_missed_slot_is_walked_slot_by_slot() -> None:
+def test_crontab_judges_whether_a_slot_fell_in_the_window() -> None:
     now = time.time()
     minutely = entry(crontab(minute="*"))
-    latest = latest_missed_slot(minutely, now - 600, now)
-    assert latest is not None
-    assert now - 60 < latest <= now
-    assert int(latest) % 60 == 0  # on a minute
-    assert catch_up(minutely, now - 600, window=61, now=now)
+    since_minute = now % 60
+    # Missed for ten minutes: the latest slot is since_minute old.
+    assert catch_up(minutely, now - 600, window=since_minute + 1, now=now)
+    if since_minute > 2:
+        assert not catch_up(minutely, now - 600, window=since_minute - 1, now=now)
     assert not catch_up(minutely, now - 600, window=0, now=now)
+    hourly = entry(crontab(minute=0))
+    since_hour = now % 3600
+    assert catch_up(hourly, now - 7200, window=since_hour + 1, now=now)
+    if since_hour > 2:
+        assert not catch_up(hourly, now - 7200, window=since_hour - 1, now=now)
 
 
 def test_policies_map_to_windows() -> None:
@@ -49,6 +55,7 @@ def test_policies_map_to_windows() -> None:
     assert settings.catch_up_window("c") == 30.0
     assert settings.catch_up_window("other") == float("inf")  # the default default: once
     assert beat_settings({"leader_beat_missed_default": 120}).catch_up_window("x") == 120.0
+    assert beat_settings({"leader_beat_missed_default": "90"}).catch_up_window("x") == 90.0
 
 
 @pytest.mark.parametrize("bad", [-1, True, "soon", float("nan"), [30]])

@@ -18,7 +18,7 @@ from celery_leader.beat.controls import (
     run_value,
     view_of,
 )
-from celery_leader.beat.steering import last_sent
+from celery_leader.beat.steering import Steering, last_sent
 
 
 def test_pause_until_resumed_for_a_while_and_resumed() -> None:
@@ -71,3 +71,34 @@ def test_last_sent_keeps_the_real_send_across_paused_slots() -> None:
     assert last_sent({"at": 5.0, "token": 1}) == 5.0
     assert last_sent({"at": 9.0, "token": 1, "skipped": "paused", "sent": 5.0}) == 5.0
     assert last_sent({"at": 9.0, "token": 1, "skipped": "paused", "sent": None}) is None
+
+
+def _steering_with(state: dict[str, str]) -> Steering:
+    steering = Steering("app.beat", lambda name: state, lambda lease, key, value: True)
+    assert steering.take_over({}, "lease-1")
+    steering.stop()
+    return steering
+
+
+def test_run_now_lives_its_lifetime_on_the_beats_clock_whatever_the_askers_clock() -> None:
+    now = time.time()
+    # The asking host's clock is 30 s behind: by the beat's clock the request "expired" 20 s
+    # ago, yet it was just written, with 10 s to live: it is carried out.
+    behind = _steering_with({"run:tick": run_value("a", now - 30, now - 20, "ops")})
+    assert [r.id for r in behind.pending_runs()] == ["a"]
+    # Written long ago (no beat led then): the command gave up on it, it is not sent.
+    stale = _steering_with({"run:tick": run_value("b", now - 300, now - 290, "ops")})
+    assert stale.pending_runs() == []
+    # Carried out once in this term.
+    behind.attempted(behind.pending_runs()[0])
+    assert behind.pending_runs() == []
+
+
+def test_view_echoes_the_control_it_reflects() -> None:
+    steering = _steering_with({"pause:tick": pause_value(None, "ops", at=123.5)})
+
+    class Entry:
+        name, task, schedule, last_run_at = "tick", "t", "every 1 s", None
+
+    (row,) = steering.view([Entry()], {}, lambda entry: {})
+    assert row["paused"] is True and row["control_at"] == 123.5

@@ -188,3 +188,31 @@ def test_pause_for_ends_by_itself_and_run_needs_a_beat_leader(cluster_for) -> No
     proc = cluster.celery("leader", "schedule", "run", "tick")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "no beat leader holds election" in proc.stdout
+
+
+@pytest.mark.slow
+def test_django_entries_not_loaded_yet_are_listed_and_run(cluster_for, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """django-celery-beat loads a crontab only hours before it is due: list and run see it."""
+    cluster = cluster_for("redis")
+    cluster.env.update(
+        {
+            "LEADER_DJANGO_DB": str(tmp_path / "beat.sqlite3"),
+            "LEADER_DJANGO_EVERY": "1",
+            "LEADER_DJANGO_FAR_CRONTAB": "1",
+        }
+    )
+    setup_db(cluster)
+    cluster.start(1)
+    cluster.start_beat(app=DJANGO_APP)
+    wait_sending(cluster, cluster.beats, timeout=30)
+    view = wait_view(cluster, DJANGO_APP)
+    far = next((r for r in view["entries"] if r["name"] == "far"), None)
+    assert far is not None, view
+    assert far["next_due"] - time.time() > 4 * 3600, far
+    asked = time.monotonic()
+    proc = schedule(cluster, DJANGO_APP, "run", "far")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    deadline = time.monotonic() + 10
+    while not [s for s in ticks_after(cluster, asked) if s["entry"] == "far"]:
+        assert time.monotonic() < deadline, "the far entry was not sent"
+        time.sleep(0.1)

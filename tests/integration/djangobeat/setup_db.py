@@ -4,7 +4,8 @@
 ``leaderapp.beat_tick`` every ``LEADER_DJANGO_EVERY`` seconds on the cluster's
 default queue, where the test's worker records who sent it. With
 ``LEADER_DJANGO_ONE_OFF_IN`` set, a one-off entry runs once that many seconds
-from now.
+from now; with ``LEADER_DJANGO_FAR_CRONTAB`` set, a daily crontab entry
+"far" falls due six hours from now.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ django.setup()
 from django.core.management import call_command  # noqa: E402 - after django.setup()
 from django_celery_beat.models import (  # noqa: E402
     ClockedSchedule,
+    CrontabSchedule,
     IntervalSchedule,
     PeriodicTask,
 )
@@ -50,6 +52,18 @@ if os.environ.get("LEADER_DJANGO_ONE_OFF_IN"):
             "clocked": ClockedSchedule.objects.create(clocked_time=at),
             "one_off": True,
             "args": json.dumps(["once"]),
+            "queue": f"{os.environ['LEADER_NAME']}.default",
+        },
+    )
+if os.environ.get("LEADER_DJANGO_FAR_CRONTAB"):
+    # A daily crontab six hours away: django-celery-beat 2.8+ does not load it until then.
+    hour = (dt.datetime.now(dt.timezone.utc).hour + 6) % 24
+    PeriodicTask.objects.update_or_create(
+        name="far",
+        defaults={
+            "task": "tests.integration.leaderapp.beat_tick",
+            "crontab": CrontabSchedule.objects.create(minute="0", hour=str(hour)),
+            "args": json.dumps(["far"]),
             "queue": f"{os.environ['LEADER_NAME']}.default",
         },
     )
