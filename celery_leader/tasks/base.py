@@ -53,6 +53,23 @@ class LeaderTaskMixin:
             options["queue"] = leader_queue_for(self.app, self.leader_election)  # type: ignore[attr-defined]
         return super().apply_async(args, kwargs, **options)  # type: ignore[misc]
 
+    def signature_from_request(self, request: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """The retry's signature, carrying the run's occurrence header on.
+
+        Celery (5.3 and later) keeps out of a retry's headers every name the
+        ``Context`` class defines, and ``leader_occurrence`` is one (so that
+        ``self.request.leader_occurrence`` exists on every run): without
+        this a retry would lose its occurrence, and its run would not count
+        for it.
+        """
+        signature = super().signature_from_request(request, *args, **kwargs)  # type: ignore[misc]
+        current = self.request if request is None else request  # type: ignore[attr-defined]
+        occurrence = getattr(current, "leader_occurrence", None)
+        if isinstance(occurrence, str):
+            options = signature.options
+            options["headers"] = {**(options.get("headers") or {}), "leader_occurrence": occurrence}
+        return signature
+
     def push_request(self, *args: Any, **kwargs: Any) -> None:
         """Push a request that keeps the current one's fields (id, leader_token, ...).
 

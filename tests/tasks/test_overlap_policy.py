@@ -129,3 +129,38 @@ def test_a_run_the_worker_forgot_holds_nothing_and_a_reconnect_forgets_the_waiti
     del again
     gc.collect()
     assert record.admit(FakeRequest(), "k", Overlap.SKIP) == RUN, "no record outlives its run"
+
+
+def test_a_retry_keeps_the_runs_occurrence_header() -> None:
+    """Celery keeps Context's own names out of a retry's headers; leader_occurrence is one
+    (so that self.request.leader_occurrence exists everywhere): it is carried on by hand."""
+    from celery import Celery
+    from celery.app.task import Context
+
+    from celery_leader import leader_only
+
+    app = Celery("retry-occurrence", broker="memory://", set_as_current=False)
+
+    @leader_only
+    @app.task(bind=True)
+    def nightly(self):  # type: ignore[no-untyped-def]
+        return None
+
+    occurrence = "nightly@2026-11-25T09:30:00.000Z"
+    request = Context(
+        {
+            "id": "abc",
+            "args": (),
+            "kwargs": {},
+            "leader_occurrence": occurrence,
+            "headers": {"custom": "kept"},
+            "delivery_info": {"exchange": "", "routing_key": "q"},
+        }
+    )
+    headers = nightly.signature_from_request(request).options["headers"]
+    assert headers["leader_occurrence"] == occurrence
+    assert headers["custom"] == "kept"
+    plain = Context({"id": "def", "args": (), "kwargs": {}, "delivery_info": {}})
+    assert "leader_occurrence" not in (
+        nightly.signature_from_request(plain).options.get("headers") or {}
+    )
