@@ -54,7 +54,7 @@ from celery_leader.term_end.in_worker import SnapshotError, Waiting, snapshot
 from celery_leader.term_end.watchdog import Watchdog
 from celery_leader.worker.dispatch import SerialDispatcher
 from celery_leader.worker.eta import held_for_eta
-from celery_leader.worker.occurrences import RUNNING, occurrence_of
+from celery_leader.worker.occurrences import REDELIVERED, RUNNING, occurrence_of, result_ready
 from celery_leader.worker.overlap import RUN as OVERLAP_RUN
 from celery_leader.worker.overlap import SKIPPED, WAIT, Overlaps, store_result
 from celery_leader.worker.redelivery import (
@@ -351,7 +351,12 @@ class Coordinator:
         :meth:`admit_overlap` (a copy of a running occurrence is skipped for
         its occurrence, not its overlap key). A skipped message is
         acknowledged, its result ``SKIPPED`` with ``{"reason": "occurrence",
-        "occurrence": ...}``. See :mod:`celery_leader.worker.occurrences`.
+        "occurrence": ...}``. The completing run's own message delivered
+        again (its task id), and any message whose result is ready in the
+        backend already, is acknowledged without running and without
+        touching its result (a ``SKIPPED`` over a ``SUCCESS`` would leave
+        ``result.get()`` waiting), neither signalled nor counted: as a copy
+        the redelivery record drops. See :mod:`celery_leader.worker.occurrences`.
         """
         occurrence = occurrence_of(request)
         election = self.election_for(request.task)
@@ -360,6 +365,16 @@ class Coordinator:
         why = election.occurrences.verdict(request, occurrence)
         if why is None:
             return True
+        if why == REDELIVERED or result_ready(request.task, request.id):
+            logger.info(
+                "celery-leader: %s was delivered again after its run of occurrence %s "
+                "completed; acknowledged without running, its result kept",
+                request.humaninfo(),
+                occurrence,
+            )
+            task_ready(request)  # not reserved any more: the hand-back at a term's end skips it
+            request.acknowledge()
+            return False
         logger.info(
             "celery-leader: %s skipped: occurrence %s %s",
             request.humaninfo(),

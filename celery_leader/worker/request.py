@@ -110,7 +110,11 @@ class LeaderRequest(Request):  # type: ignore[misc]
             return True
         token = election.admit() if election is not None else None
         if coordinator is None or token is None:
-            self.hand_back("this worker does not hold the lease")
+            self.hand_back(
+                election.refusal_reason()
+                if election is not None
+                else "this worker does not hold the lease"
+            )
             if coordinator is not None:
                 coordinator.on_gate_refused()
             return True

@@ -116,6 +116,8 @@ class WorkerElection:
         )
         self.stepping_down = False
         self._lock = threading.Lock()
+        #: The last term that ended by a loss (its release flush waits for no run).
+        self._lost_token: int | None = None
 
     @property
     def name(self) -> str:
@@ -141,6 +143,14 @@ class WorkerElection:
         if not self.occurrence_sync.ready(token):
             return None
         return token
+
+    def refusal_reason(self) -> str:
+        """Why :meth:`admit` refuses now, as the gate logs it when it hands a message back."""
+        token = self.manager.current_token()
+        valid = self._taking_work() and token is not None and self.shared.valid_for(token)
+        if valid and not self.occurrence_sync.ready(token):
+            return "the term's record of completed occurrences is being read"
+        return "this worker does not hold the lease"
 
     def _taking_work(self) -> bool:
         """False while stepping down or shutting down: no new leader work then."""
@@ -189,6 +199,8 @@ class WorkerElection:
     def _on_ended(self, event: LeaseEvent) -> None:
         """A term ended (manager thread; the Election revoked it already): end its work."""
         token = event.term.token
+        if event.kind is EventKind.LOST:
+            self._lost_token = token  # before the release guard runs (the same thread)
         self.term_end.end(token)
         if event.kind is EventKind.LOST:
             reason = event.reason.value if event.reason else "unknown"
@@ -211,8 +223,14 @@ class WorkerElection:
             # The runs that completed are in the record the next leader reads: wait for its
             # writes (bounded), while the lease is still ours in the store. Only once the
             # runs stopped: asked again and again while they drain, the lease thread must
-            # not sit out a store timeout each time.
-            self.occurrence_sync.flush(term.token, self.settings.timing.op_timeout)
+            # not sit out a store timeout each time. A run whose process is gone (killed)
+            # has nothing on its way; after a loss (a stuck loop) no run would settle.
+            self.occurrence_sync.flush(
+                term.token,
+                self.settings.timing.op_timeout,
+                settle_runs=self._lost_token != term.token,
+                gone=self.term_end.process_gone,
+            )
         return stopped
 
     def await_stopped(self, token: int) -> None:
@@ -328,6 +346,11 @@ class WorkerElection:
             # The lease is ours in the store, but no leader work runs until the
             # hold-off ends: what `celery leader status` also says.
             view["holding_off"] = round(holding_off, 3)
+        reading = self.occurrence_sync.reading_for(state.token) if leading else None
+        if reading is not None:
+            # Elected, but no leader work is admitted until the term's record of completed
+            # occurrences was read (or the read failed): how long that has taken so far.
+            view["reading_occurrences"] = round(reading, 3)
         if leading and (self.stepping_down or self.coordinator.shutting_down):
             view["stepping_down"] = True
             try:

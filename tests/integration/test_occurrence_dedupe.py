@@ -16,6 +16,7 @@ import pytest
 from celery_leader.beat.occurrence import format_slot
 from celery_leader.stores import open_store
 from celery_leader.tasks.occurrence_record import OccurrenceRecord
+from celery_leader.worker.occurrences import state_key
 from harness.servers import free_port
 from tests.integration.test_metrics_worker import sample, scrape
 from tests.integration.test_overlap import runs, state_of
@@ -149,10 +150,41 @@ def test_a_run_that_raised_does_not_count_and_early_ack_tasks_are_deduplicated_t
         assert ran(cluster, skipped.id) == 0
 
 
-def stored_record(cluster, task: str) -> OccurrenceRecord | None:
+def wait_log(worker, text: str, timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in worker.text():
+            return True
+        time.sleep(0.1)
+    return text in worker.text()
+
+
+@pytest.mark.slow
+def test_the_completed_runs_own_message_again_keeps_its_result(dedupe_cluster):
+    """The same message again after its run completed (its acknowledgement was lost, and
+    RabbitMQ delivers it with a new delivery tag, which the redelivery record does not
+    know): here sent again under the same task id. It is acknowledged without running and
+    its SUCCESS stays: a SKIPPED over it would leave result.get() waiting for ever. Another
+    message of the occurrence is still SKIPPED."""
+    cluster = dedupe_cluster
+    cluster.start(1)
+    leader = cluster.leader_worker()
+    first = cluster.send("leader_record", 1, task_id="the-run", **of(SLOT))
+    assert wait_state(cluster, first.id, {"SUCCESS"})[0] == "SUCCESS"
+    cluster.send("leader_record", 1, task_id="the-run", **of(SLOT))
+    assert wait_log(leader, f"the-run] was delivered again after its run of occurrence {SLOT}")
+    assert state_of(cluster, "the-run") == ("SUCCESS", 1)
+    other = cluster.send("leader_record", 2, **of(SLOT))
+    assert wait_state(cluster, other.id, {"SKIPPED"}) == ("SKIPPED", SKIPPED_FOR)
+    assert ran(cluster, "the-run") == 1
+    assert ran(cluster, other.id) == 0
+
+
+def stored_record(cluster, task: str, entry: str = "nightly") -> OccurrenceRecord | None:
+    """The stored shard of *task*'s *entry*: one lease-state key per task and entry."""
     store = open_store(cluster.env["LEADER_STORE"], timeout=2)
     try:
-        value = store.get_state(cluster.name).get(f"occurrences:{TASK}.{task}")
+        value = store.get_state(cluster.name).get(state_key((f"{TASK}.{task}", entry)))
     finally:
         store.close()
     return OccurrenceRecord.loads(value) if value is not None else None
@@ -176,6 +208,11 @@ def test_the_next_leader_skips_what_the_last_one_completed(dedupe_cluster):
     duplicate = cluster.send("leader_record", 2, **of(SLOT))
     assert wait_state(cluster, duplicate.id, {"SKIPPED"}) == ("SKIPPED", SKIPPED_FOR)
     assert f"skipped: occurrence {SLOT} completed already" in second_leader.text()
+    # The first run's own message again (its task id: an acknowledgement lost as the first
+    # leader stopped): acknowledged without running, its SUCCESS kept (the id was stored).
+    cluster.send("leader_record", 1, task_id=done.id, **of(SLOT))
+    assert wait_log(second_leader, f"after its run of occurrence {SLOT} completed")
+    assert state_of(cluster, done.id)[0] == "SUCCESS"
 
     done = cluster.send("leader_record", 3, **of(NEXT))
     assert wait_state(cluster, done.id, {"SUCCESS"})[0] == "SUCCESS"
