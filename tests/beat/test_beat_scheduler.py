@@ -16,7 +16,14 @@ from celery import Celery
 from celery.schedules import schedule
 
 from celery_leader.beat import TOKEN_HEADER, LeaderScheduler, LeaderSchedulerMixin
-from celery_leader.beat.controls import control_slot, pause_value, resume_value
+from celery_leader.beat.controls import (
+    RAN_PREFIX,
+    control_slot,
+    pause_value,
+    resume_value,
+    run_value,
+)
+from celery_leader.beat.occurrence import OCCURRENCE_HEADER
 from celery_leader.beat.steering import CONTROL_POLL
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
@@ -373,3 +380,35 @@ def test_catch_up_window_applies_to_redbeats_own_record(tmp_path, redis_server, 
         assert len(sent(app)) == expected
     finally:
         sched.close()
+
+
+def test_run_now_is_sent_once_and_recorded_before_the_send_is_over(scheduler, redis_server):
+    """A run-now request: one send with a manual occurrence, its record in beat's state as
+    the send returns (under the publish guard: a release right after cannot lose it), and
+    no second send for the same request."""
+    app, sched = scheduler("once")
+    election = sched._election()
+    _tick_for(sched, 1.2)
+    sent(app)
+    store = open_store(redis_server.url, timeout=1)
+    holder = Holder.for_this_process("ops")
+    slot = control_slot(election.settings.name)
+    at = time.time()
+    try:
+        assert store.acquire(slot, holder, 1.0).acquired
+        value = run_value("req-1", at, at + 10, "ops")
+        assert store.set_state(slot, holder.lease_id, "run:tick", value)
+        store.release(slot, holder.lease_id)
+        deadline = time.monotonic() + 3
+        manual: list[dict] = []
+        while not manual and time.monotonic() < deadline:
+            sched.tick()
+            manual = [m for m in sent(app) if "@manual:" in m.get(OCCURRENCE_HEADER, "")]
+            time.sleep(0.05)
+        assert len(manual) == 1, "sent once"
+        record = json.loads(store.get_state(election.settings.name)[f"{RAN_PREFIX}tick"])
+        assert record["id"] == "req-1" and record["occurrence"] == manual[0][OCCURRENCE_HEADER]
+        _tick_for(sched, 1.5)
+        assert not [m for m in sent(app) if "@manual:" in m.get(OCCURRENCE_HEADER, "")]
+    finally:
+        store.close()
