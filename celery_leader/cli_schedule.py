@@ -229,7 +229,7 @@ def _steer(
     entry: str,
     timeout: float,
     prefix: str,
-    value: Any,
+    value: Callable[[str], str],
     *,
     paused: bool | None = None,
     at: float | None = None,

@@ -67,9 +67,13 @@ def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
 
 
-def occurrence_of(entry: Any) -> str:
-    """The occurrence a send of *entry* now stands for: ``"<entry>@<slot>"``."""
-    return f"{entry.name}@{format_slot(due_slot(entry))}"
+def occurrence_of(entry: Any, slot: datetime | None = None) -> str:
+    """The occurrence a send of *entry* stands for: ``"<entry>@<slot>"``.
+
+    *slot* is the time it was due, when the caller read it already
+    (:func:`due_slot`, before Celery reserved the entry's next run).
+    """
+    return f"{entry.name}@{format_slot(due_slot(entry) if slot is None else slot)}"
 
 
 def manual_occurrence(entry_name: str, requested_at: datetime) -> str:

@@ -86,8 +86,8 @@ from celery_leader.beat.controls import RAN_PREFIX, RESERVED_PREFIX, RunRequest,
 from celery_leader.beat.occurrence import (
     OCCURRENCE_HEADER,
     due_slot,
-    format_slot,
     manual_occurrence,
+    occurrence_of,
 )
 from celery_leader.beat.schedule_file import hold_schedule_file
 from celery_leader.beat.state import ScheduleState, schedule_time, state_of
@@ -350,13 +350,7 @@ class BeatElection:
 
     def read_step_down_requests(self, channel: str) -> dict[str, str]:
         """The state of the step-down slot *channel*, within ``leader_store_timeout``."""
-        return store_call(
-            self._request_calls.call,
-            lambda: self.store.get_state(channel),
-            self.settings.timing.op_timeout,
-            "read step-down requests",
-            self.store.url,
-        )
+        return self._read_state(self._request_calls, channel, "read step-down requests")
 
     def refresh_marks(self) -> bool:
         """Load every entry's last send from the store; False when it could not be read.
@@ -454,11 +448,15 @@ class BeatElection:
 
     def read_state(self, name: str) -> dict[str, str]:
         """The state of lease name *name*, within ``leader_store_timeout`` (any thread)."""
+        return self._read_state(self._control_calls, name, f"read the state of {name}")
+
+    def _read_state(self, calls: BoundedCaller, name: str, what: str) -> dict[str, str]:
+        """One bounded read of *name*'s state through *calls* (each reader has its own)."""
         return store_call(
-            self._control_calls.call,
+            calls.call,
             lambda: self.store.get_state(name),
             self.settings.timing.op_timeout,
-            f"read the state of {name}",
+            what,
             self.store.url,
         )
 
@@ -655,10 +653,7 @@ class LeaderSchedulerMixin:
 
     def _leader_catch_up(self, entry: Any, last_sent: float) -> bool:
         """*entry* missed a slot since *last_sent*: True to send it once, by its missed policy."""
-        if (
-            self._leader_election is not None
-            and self._election().steering.paused_until(entry.name) is not None
-        ):
+        if self._election().steering.paused_until(entry.name) is not None:
             logger.info("celery-leader beat: %s missed a slot; it is paused", entry.name)
             return True  # counted from its last send; its paused slots are consumed as they come
         window = self._leader_beat.catch_up_window(entry.name)
@@ -748,7 +743,7 @@ class LeaderSchedulerMixin:
                 entry = self.reserve(entry)  # type: ignore[attr-defined]
             if manual is None and self._leader_skip_paused(election, entry, token):
                 return None  # RedBeat's path: it sends without apply_entry
-            occurrence = manual or f"{entry.name}@{format_slot(slot)}"  # type: ignore[arg-type]
+            occurrence = manual or occurrence_of(entry, slot)
             sending = _shallow_copy(entry)
             options = dict(entry.options)
             options["headers"] = {

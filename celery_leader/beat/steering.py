@@ -202,6 +202,9 @@ class Steering:
         command gave up on it long ago: no beat led then).
         """
         now, wall = time.monotonic(), time.time()
+        # Only the requests the slot still holds are remembered (a new one replaces its entry's).
+        asked = {request.id for request in self.controls.runs.values()}
+        self._first_seen = {key: at for key, at in self._first_seen.items() if key in asked}
         pending = []
         for entry, request in self.controls.runs.items():
             if self._ran.get(entry) == request.id:
