@@ -20,6 +20,14 @@ Guarantees:
   :meth:`SharedLease.publish` of ``T`` (or of any older term) makes it valid
   again: a renewal that races a step-down cannot undo it.
 
+The process that writes keeps what it last wrote beside the shared memory
+(updated under the same lock, right after the memory) and reads that copy:
+the gate in the worker's main process asks on every leader message, and a
+read of the shared page there costs several microseconds more (the page and
+the struct code are cold after Celery's own work on each message). A fork
+drops the copy in the child (``os.register_at_fork``): every other process
+reads the shared memory.
+
 Times are on the lease clock (:func:`celery_leader.clock.now`), one clock for
 every process of a host.
 """
@@ -31,6 +39,7 @@ import mmap
 import os
 import struct
 import threading
+import weakref
 from collections.abc import Iterator
 
 from celery_leader import clock
@@ -41,6 +50,18 @@ _LAYOUT = struct.Struct("=qqdq")  # sequence, token, valid_until, revoked_throug
 _RETRIES = 1000
 #: Elections one worker process can take part in (slots made before the pool forks).
 MAX_ELECTIONS = 128
+
+
+#: Every slot of this process: a forked child drops their writer's copies.
+_WRITERS: weakref.WeakSet[SharedLease] = weakref.WeakSet()
+
+
+def _forked() -> None:
+    for lease in list(_WRITERS):
+        lease._written = None
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 class SharedLeases:
@@ -114,6 +135,10 @@ class SharedLease:
         self._offset = self.election * _LAYOUT.size
         self._write_lock = self.group._write_lock
         self._mem[self._offset : self._offset + _LAYOUT.size] = _LAYOUT.pack(0, 0, 0.0, 0)
+        #: What this process last wrote, read instead of the memory while it is the writer
+        #: (None in a forked child: see the module docstring).
+        self._written: tuple[int, int, float, int] | None = (0, 0, 0.0, 0)
+        _WRITERS.add(self)
 
     @property
     def owner_pid(self) -> int:
@@ -131,6 +156,8 @@ class SharedLease:
         struct.pack_into("=q", self._mem, at, seq + 1)  # odd: write in progress
         struct.pack_into("=qdq", self._mem, at + 8, token, valid_until, revoked_through)
         struct.pack_into("=q", self._mem, at, seq + 2)
+        if self._written is not None:
+            self._written = (seq + 2, token, valid_until, revoked_through)
 
     def publish(self, token: int, valid_until: float) -> bool:
         """Announce that term *token* is valid until *valid_until* (lease clock).
@@ -163,6 +190,9 @@ class SharedLease:
         self.group.nudge(-math.inf)  # the revoked term's runs end now
 
     def _read_raw(self) -> tuple[int, int, float, int]:
+        written = self._written
+        if written is not None:
+            return written
         for _ in range(_RETRIES):
             raw = _LAYOUT.unpack_from(self._mem, self._offset)
             if raw[0] % 2 == 0 and struct.unpack_from("=q", self._mem, self._offset)[0] == raw[0]:

@@ -279,9 +279,20 @@ class LeaseManager:
         return self.state().is_leader(self._clock())
 
     def current_token(self) -> int | None:
-        """The fencing token of the current term, or None when not leading."""
-        state = self.state()
-        return state.token if state.is_leader(self._clock()) else None
+        """The fencing token of the current term, or None when not leading.
+
+        Asked by the gate for every leader message: the snapshot is read
+        without the lock (it is immutable and replaced whole, so one read of
+        the attribute is as consistent as :meth:`state`).
+        """
+        state = self._state
+        return (
+            state.token
+            if state.role is Role.LEADER
+            and state.valid_until is not None
+            and self._clock() < state.valid_until
+            else None
+        )
 
     def time_left(self) -> float | None:
         """Seconds of validity left when leading, else None."""

@@ -106,7 +106,7 @@ class LeaderTaskMixin:
         # Recorded for the release guard; under terminate the watchdog also
         # ends the run at its term's deadline. The term is checked once the
         # run is recorded.
-        terminate = getattr(request, "leader_on_loss", None) == OnLoss.TERMINATE.value
+        terminate = getattr(request, "leader_on_loss", None) == _TERMINATE
         try:
             watched = watch_run(shared, token, terminate=terminate)
         except UnwatchableRunError as refused:
@@ -128,6 +128,11 @@ class LeaderTaskMixin:
         finally:
             exit_run(mark)
             unwatch_run(shared, watched)
+
+
+#: The policy's value as the gate writes it into the request (an enum's ``.value`` is
+#: a descriptor call: this runs for every leader run).
+_TERMINATE = OnLoss.TERMINATE.value
 
 
 @functools.cache

@@ -10,6 +10,7 @@ rule (:func:`celery_leader.term_end.requeues_stopped_run`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from celery_leader.elections.procinfo import own_pid
@@ -54,13 +55,20 @@ def pool_child_index() -> int | None:
 
 
 def _read_pool_child_index() -> int | None:
+    global _current_process  # noqa: PLW0603 - imported once, on the first run
     try:
-        from billiard.process import current_process  # noqa: PLC0415 - prefork only
+        if _current_process is None:
+            from billiard.process import current_process  # noqa: PLC0415 - prefork only
 
-        index = getattr(current_process(), "index", None)
+            _current_process = current_process
+        index = getattr(_current_process(), "index", None)
     except Exception:  # noqa: BLE001 - no billiard, no index: the run is not watched
         return None
     return index if isinstance(index, int) and index >= 0 else None
+
+
+#: billiard's ``current_process``, once a run asked (an import statement per run costs).
+_current_process: Callable[[], Any] | None = None
 
 
 def watch_run(shared: SharedLease, token: int, *, terminate: bool) -> int | None:

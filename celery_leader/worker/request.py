@@ -30,6 +30,7 @@ from celery_leader.tasks import leader_queue_for
 from celery_leader.tasks.runtime import shared_lease
 from celery_leader.term_end.in_worker import ended_by_term, settle_stopped_run
 from celery_leader.worker.coordinator import current_coordinator
+from celery_leader.worker.occurrences import OCCURRENCE_HEADER
 from celery_leader.worker.redelivery import COMPLETED, FAILED, SUPERSEDED
 
 #: Message properties carried over when a message is re-routed.
@@ -103,13 +104,14 @@ class LeaderRequest(Request):  # type: ignore[misc]
         if self.acknowledged:
             return True  # already handed back by revocation on lease loss
         coordinator = current_coordinator()
-        election = coordinator.election_for(self.task) if coordinator is not None else None
-        if election is not None and self._misrouted(election.queue):
+        profile = coordinator.gate_profile(self.task) if coordinator is not None else None
+        election = profile.election if profile is not None else None
+        if profile is not None and election is not None and self._misrouted(profile.queue):
             # Another election's leader holds this queue: never run it there.
             self.hand_back(f"it reached {self.delivery_info.get('routing_key')!r}")
             return True
         token = election.admit() if election is not None else None
-        if coordinator is None or token is None:
+        if coordinator is None or profile is None or token is None:
             self.hand_back(
                 election.refusal_reason()
                 if election is not None
@@ -118,20 +120,23 @@ class LeaderRequest(Request):  # type: ignore[misc]
             if coordinator is not None:
                 coordinator.on_gate_refused()
             return True
-        assert election is not None
-        self._request_dict["leader_token"] = token
-        self._request_dict["leader_election"] = election.name
-        self._request_dict["leader_on_loss"] = coordinator.policy_for(self.task).value
+        request_dict = self._request_dict
+        request_dict["leader_token"] = token
+        request_dict["leader_election"] = profile.lease_name
+        request_dict["leader_on_loss"] = profile.on_loss
         if _called_from(sys._getframe(1), "execute_using_pool"):
             if self.task.acks_late:
                 if not coordinator.admit_delivery(self):
                     return True  # delivered again while its run goes on (see worker.redelivery)
                 self.leader_recorded = True  # settle it, whether it runs, waits or is skipped
-            if not coordinator.admit_occurrence(self):
+            # Occurrences and overlap keys are asked only of messages they apply to.
+            occurrence = request_dict.get(OCCURRENCE_HEADER) is not None
+            if occurrence and not coordinator.admit_occurrence(self):
                 return True  # its occurrence runs or completed: skipped (worker.occurrences)
-            if not coordinator.admit_overlap(self):
+            if profile.overlap and not coordinator.admit_overlap(self):
                 return True  # a run of its key goes on: it waits or is skipped (worker.overlap)
-            coordinator.claim_occurrence(self)
+            if occurrence:
+                coordinator.claim_occurrence(self)
             # The pool gets it next: from now on it belongs to the pool and is
             # never handed back. (Celery also asks revoked() on receipt of a
             # message with an expiry; such a request may still wait for its
@@ -139,7 +144,7 @@ class LeaderRequest(Request):  # type: ignore[misc]
             self.leader_dispatched = True
         return False
 
-    def _misrouted(self, own_queue: str) -> bool:
+    def _misrouted(self, own_queue: str | None) -> bool:
         """True when the message came from the leader queue of an election not its own."""
         queue = self.delivery_info.get("routing_key")
         if not queue or queue == own_queue:

@@ -137,10 +137,15 @@ class WorkerElection:
         None also while the term's record of completed occurrences is being
         read (at most one store timeout as the term starts).
         """
+        # One expression, no helper calls: this runs for every leader message.
         token = self.manager.current_token()
-        if not self._taking_work() or token is None or not self.shared.valid_for(token):
-            return None
-        if not self.occurrence_sync.ready(token):
+        if (
+            token is None
+            or self.stepping_down
+            or self.coordinator.shutting_down
+            or self.shared.deadline_of(token) is None
+            or not self.occurrence_sync.ready(token)
+        ):
             return None
         return token
 

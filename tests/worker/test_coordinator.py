@@ -107,6 +107,11 @@ class Admitting:
     def election_for(self, task):
         return self
 
+    def gate_profile(self, task):
+        from celery_leader.worker.coordinator import GateProfile
+
+        return GateProfile(self, self.name, self.queue, "cancel", overlap=False)
+
     def admit(self):
         return 5
 

@@ -328,7 +328,9 @@ def test_while_the_record_is_read_the_gate_says_so_and_inspect_shows_the_wait(
     monkeypatch.setattr(
         election.manager, "state", lambda: SimpleNamespace(role=Role.LEADER, token=5)
     )
-    monkeypatch.setattr(election.shared, "valid_for", lambda token: token == 5)
+    monkeypatch.setattr(
+        election.shared, "deadline_of", lambda token, now=None: 100.0 if token == 5 else None
+    )
     monkeypatch.setattr(election.occurrence_sync, "ready", lambda token: False)
     monkeypatch.setattr(election.occurrence_sync, "reading_for", lambda token: 1.25)
     assert election.admit() is None
