@@ -126,17 +126,27 @@ class RunTable:
     # -- slots (each written by its own child) --------------------------------
 
     def _write(
-        self, index: int, pid: int, token: int, flags: int, started: int, *, election: int = 0
+        self,
+        index: int,
+        pid: int,
+        token: int,
+        flags: int,
+        started: int,
+        *,
+        election: int = 0,
+        writer: tuple[int, int] | None = None,
     ) -> None:
+        """Write slot *index*; *writer* is the calling process's (pid, start time), if known."""
         offset = index * _SLOT.size
         if pid:
             self._occupied[index] = 1
         (seq,) = _SEQ.unpack_from(self._slots, offset)
         # Odd whatever parity an earlier writer killed mid-write left behind.
         begin = seq + 1 if seq % 2 == 0 else seq + 2
-        _WRITER.pack_into(
-            self._slots, offset + _SEQ.size, procinfo.own_pid(), procinfo.own_start_time(), election
+        writer_pid, writer_start = (
+            writer if writer is not None else (procinfo.own_pid(), procinfo.own_start_time())
         )
+        _WRITER.pack_into(self._slots, offset + _SEQ.size, writer_pid, writer_start, election)
         _SEQ.pack_into(self._slots, offset, begin)  # odd: write in progress
         body_at = offset + _SEQ.size + _WRITER.size
         _BODY.pack_into(self._slots, body_at, pid, token, flags, started, election)
@@ -147,14 +157,8 @@ class RunTable:
     def enter(self, index: int, token: int, *, terminate: bool, election: int = 0) -> None:
         """Record that the calling process (pool child *index*) runs *election*'s term *token*."""
         flags = _TERMINATE if terminate else 0
-        self._write(
-            index,
-            procinfo.own_pid(),
-            token,
-            flags,
-            procinfo.own_start_time(),
-            election=election,
-        )
+        pid, started = procinfo.own_pid(), procinfo.own_start_time()
+        self._write(index, pid, token, flags, started, election=election, writer=(pid, started))
 
     def leave(self, index: int, election: int = 0) -> None:
         """Record that the leader run of pool child *index* (of *election*) ended."""

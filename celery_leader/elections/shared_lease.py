@@ -214,6 +214,6 @@ class SharedLease:
 
     def deadline_of(self, token: int | None, *, now: float | None = None) -> float | None:
         """The ``valid_until`` of term *token* while it is valid (:meth:`valid_for`), else None."""
-        current, valid_until = self.read()
+        _, current, valid_until, _ = self._read_raw()  # not read(): one call less per run
         at = clock.now() if now is None else now
         return valid_until if token and current == token and at < valid_until else None

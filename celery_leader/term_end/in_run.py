@@ -51,10 +51,6 @@ def pool_child_index() -> int | None:
     Read at every run (a fraction of a microsecond): a cache would outlive a
     change of the process's index that a pool never makes, but tests do.
     """
-    return _read_pool_child_index()
-
-
-def _read_pool_child_index() -> int | None:
     global _current_process  # noqa: PLW0603 - imported once, on the first run
     try:
         if _current_process is None:
@@ -86,13 +82,14 @@ def watch_run(shared: SharedLease, token: int, *, terminate: bool) -> int | None
     run neither kill layer could see must not start.
     """
     index = pool_child_index()
-    if index is not None and own_pid() != shared.owner_pid:
+    group = shared.group
+    if index is not None and own_pid() != group.owner_pid:
         if index >= RUN_SLOTS:
             raise UnwatchableRunError(
                 f"pool process index {index} is past the run table's {RUN_SLOTS} slots "
                 "(the pool was grown at run time); this process runs no leader work"
             )
-        shared.runs.enter(index, token, terminate=terminate, election=shared.election)
+        group.runs.enter(index, token, terminate=terminate, election=shared.election)
     else:
         index = None
     deadline = shared.deadline_of(token)
@@ -101,11 +98,11 @@ def watch_run(shared: SharedLease, token: int, *, terminate: bool) -> int | None
         raise TermOverError("the lease ended before the run started")
     if terminate and index is not None:
         # The watchdog sleeps until its next look; a term that ends sooner must wake it.
-        shared.group.nudge(deadline)
+        group.nudge(deadline)
     return index
 
 
 def unwatch_run(shared: SharedLease, index: int | None) -> None:
     """The run recorded by :func:`watch_run` ended."""
     if index is not None:
-        shared.runs.leave(index, shared.election)
+        shared.group.runs.leave(index, shared.election)
