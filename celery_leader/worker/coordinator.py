@@ -44,6 +44,7 @@ from celery.worker.state import task_ready, task_reserved
 from celery_leader.elections.balancer import Balancer
 from celery_leader.elections.group import ElectionGroup
 from celery_leader.elections.shared_lease import SharedLease
+from celery_leader.exceptions import ConfigurationError
 from celery_leader.lease import LeaseManager
 from celery_leader.settings import ElectionNames, LeaderSettings, names_for_app
 from celery_leader.signals import leader_task_skipped
@@ -91,9 +92,10 @@ class GateProfile:
     #: That election's lease name and leader queue (None with it).
     lease_name: str | None
     queue: str | None
-    #: The on_loss policy that applies in this pool, as the request carries it.
-    on_loss: str
-    #: True when an overlap policy other than "allow" applies.
+    #: The on_loss policy that applies in this pool, as the request carries it (None: the
+    #: task's value is not allowed; asked again, and refused, after admission).
+    on_loss: str | None
+    #: True unless the overlap policy is "allow" (a value not allowed is refused at admission).
     overlap: bool
 
 
@@ -115,8 +117,8 @@ class Coordinator:
         #: Renewals of every election land on multiples of this (seconds), to be batched.
         self.renew_grid = renew_grid
         self.pool_kind = pool_kind
-        self._policies: dict[type, OnLoss] = {}
-        self._profiles: dict[type, GateProfile] = {}
+        self._policies: dict[int, tuple[Any, OnLoss]] = {}
+        self._profiles: dict[int, tuple[Any, GateProfile]] = {}
         #: The elections of this process; a new group unless one is given.
         self.group = group if group is not None else ElectionGroup()
         #: A task's election (short name, None: default) -> its lease name.
@@ -334,37 +336,43 @@ class Coordinator:
     # -- the gate (loop thread) -----------------------------------------------
 
     def policy_for(self, task: Any) -> OnLoss:
-        """The on_loss policy that applies to runs of *task* in this pool (known per class)."""
-        cls = type(task)
-        policy = self._policies.get(cls)
-        if policy is None:
+        """The on_loss policy that applies to runs of *task* in this pool (known per task)."""
+        found = self._policies.get(id(task))
+        if found is None:
             policy = effective_policy(getattr(task, "leader_on_loss", None), self.pool_kind)
-            self._policies[cls] = policy
-        return policy
+            # The task is kept beside its policy: its id is never reused for another one.
+            found = self._policies[id(task)] = (task, policy)
+        return found[1]
 
     def gate_profile(self, task: Any) -> GateProfile:
-        """What the gate asks of every message of *task*, worked out once per task class.
+        """What the gate asks of every message of *task*, worked out once per task.
 
         The gate runs on the loop thread for every leader message, in a
         process whose caches the rest of Celery's work keeps cold: each lookup
         it saves is felt in throughput. Nothing in it changes while the worker
-        runs (elections are fixed before :meth:`install`; a task's options are
-        class attributes).
+        runs (elections are fixed before :meth:`install`; ``@leader_only``
+        sets a task's options before the worker consumes). Keyed by the task
+        object, not its class: options are set on the registered instance.
+        An option with a value not allowed raises where it did before this
+        cache: after admission, from :meth:`policy_for` and
+        :meth:`admit_overlap`.
         """
-        cls = type(task)
-        profile = self._profiles.get(cls)
-        if profile is None:
+        found = self._profiles.get(id(task))
+        if found is None:
             election = self.election_for(task)
-            overlap = Overlap.parse(getattr(task, "leader_overlap", Overlap.ALLOW))
+            try:
+                on_loss: str | None = self.policy_for(task).value
+            except ConfigurationError:
+                on_loss = None
             profile = GateProfile(
                 election=election,
                 lease_name=election.name if election is not None else None,
                 queue=election.queue if election is not None else None,
-                on_loss=self.policy_for(task).value,
-                overlap=overlap is not Overlap.ALLOW,
+                on_loss=on_loss,
+                overlap=getattr(task, "leader_overlap", Overlap.ALLOW) != Overlap.ALLOW,
             )
-            self._profiles[cls] = profile
-        return profile
+            found = self._profiles[id(task)] = (task, profile)
+        return found[1]
 
     def admit_delivery(self, request: Any) -> bool:
         """True to run *request* now; False when it is a copy of a run's message (kept or dropped).

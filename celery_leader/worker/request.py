@@ -123,7 +123,11 @@ class LeaderRequest(Request):  # type: ignore[misc]
         request_dict = self._request_dict
         request_dict["leader_token"] = token
         request_dict["leader_election"] = profile.lease_name
-        request_dict["leader_on_loss"] = profile.on_loss
+        request_dict["leader_on_loss"] = (
+            profile.on_loss
+            if profile.on_loss is not None
+            else coordinator.policy_for(self.task).value  # refused: ConfigurationError
+        )
         if _called_from(sys._getframe(1), "execute_using_pool"):
             if self.task.acks_late:
                 if not coordinator.admit_delivery(self):

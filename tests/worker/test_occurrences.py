@@ -684,3 +684,30 @@ def test_an_unreadable_store_lets_the_term_start_and_is_read_and_written_later(
     assert wait_for(lambda: state_key(("proj.mine", "tick")) in leader.store.get_state("e"))
     assert state_key(TICK) in leader.store.get_state("e")
     assert leader.ready == [token]
+
+
+def test_the_gate_profile_is_kept_per_task_object_and_refuses_bad_options_after_admission(
+    coordinator,
+):
+    """Two tasks of one class with their own options get their own profile; a value not
+    allowed is not cached as a verdict: it is refused where the gate refused it before."""
+    from celery_leader.exceptions import ConfigurationError
+
+    class Job:
+        leader_election = None
+
+    plain, skipping, broken = Job(), Job(), Job()
+    skipping.leader_overlap = "skip"
+    skipping.leader_on_loss = "cancel"
+    broken.leader_overlap = "bogus"
+    broken.leader_on_loss = "bogus"
+
+    first = coordinator.gate_profile(plain)
+    assert (first.overlap, first.on_loss, first.election) == (False, "cancel", coordinator.default)
+    assert coordinator.gate_profile(plain) is first  # worked out once
+    second = coordinator.gate_profile(skipping)
+    assert (second.overlap, second.on_loss) == (True, "cancel")
+    third = coordinator.gate_profile(broken)
+    assert third.overlap is True and third.on_loss is None
+    with pytest.raises(ConfigurationError, match="on_loss='bogus'"):
+        coordinator.policy_for(broken)
