@@ -35,7 +35,7 @@ BENCHMARKS = [
     ("Lease core (Redis)", "benchmarks.lease", False),
     ("Workers end to end (Redis broker and store)", "benchmarks.workers", True),
     ("Azure Blob store (Azurite)", "benchmarks.azure", False),
-    ("Redis Sentinel and PostgreSQL beside Redis", "benchmarks.stores", False),
+    ("Every store beside Redis: Sentinel, PostgreSQL, etcd", "benchmarks.stores", False),
     ("Beat failover, side by side with RedBeat and single-beat", "benchmarks.beat", True),
     ("Per-call cost, side by side with celery-once and celery-singleton", "benchmarks.gate", False),
     ("Schedule controls: pause and run-now", "benchmarks.schedule", False),
