@@ -74,8 +74,7 @@ class Wakeup:
 
         Returns True when it wrote the wake-up byte. Any process may call it.
         """
-        # The property's read, inline: a run under terminate asks this every time.
-        if deadline >= _WAKE_AT.unpack_from(self._wake_at, 0)[0] or self.closed:
+        if deadline >= self.wake_at or self.closed:
             return False
         # A full pipe already wakes the sleeper; a closed one means no sleeper is left.
         with suppress(BlockingIOError, OSError):

@@ -286,13 +286,7 @@ class LeaseManager:
         the attribute is as consistent as :meth:`state`).
         """
         state = self._state
-        return (
-            state.token
-            if state.role is Role.LEADER
-            and state.valid_until is not None
-            and self._clock() < state.valid_until
-            else None
-        )
+        return state.token if state.is_leader(self._clock()) else None
 
     def time_left(self) -> float | None:
         """Seconds of validity left when leading, else None."""

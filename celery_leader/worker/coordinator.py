@@ -89,9 +89,6 @@ class GateProfile:
 
     #: The election the task runs under here; None when this worker takes no part in it.
     election: WorkerElection | None
-    #: That election's lease name and leader queue (None with it).
-    lease_name: str | None
-    queue: str | None
     #: The on_loss policy that applies in this pool, as the request carries it (None: the
     #: task's value is not allowed; asked again, and refused, after admission).
     on_loss: str | None
@@ -366,8 +363,6 @@ class Coordinator:
                 on_loss = None
             profile = GateProfile(
                 election=election,
-                lease_name=election.name if election is not None else None,
-                queue=election.queue if election is not None else None,
                 on_loss=on_loss,
                 overlap=getattr(task, "leader_overlap", Overlap.ALLOW) != Overlap.ALLOW,
             )

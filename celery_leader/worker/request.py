@@ -106,12 +106,12 @@ class LeaderRequest(Request):  # type: ignore[misc]
         coordinator = current_coordinator()
         profile = coordinator.gate_profile(self.task) if coordinator is not None else None
         election = profile.election if profile is not None else None
-        if profile is not None and election is not None and self._misrouted(profile.queue):
+        if election is not None and self._misrouted(election.queue):
             # Another election's leader holds this queue: never run it there.
             self.hand_back(f"it reached {self.delivery_info.get('routing_key')!r}")
             return True
         token = election.admit() if election is not None else None
-        if coordinator is None or profile is None or token is None:
+        if coordinator is None or profile is None or election is None or token is None:
             self.hand_back(
                 election.refusal_reason()
                 if election is not None
@@ -122,7 +122,7 @@ class LeaderRequest(Request):  # type: ignore[misc]
             return True
         request_dict = self._request_dict
         request_dict["leader_token"] = token
-        request_dict["leader_election"] = profile.lease_name
+        request_dict["leader_election"] = election.name
         request_dict["leader_on_loss"] = (
             profile.on_loss
             if profile.on_loss is not None
@@ -148,7 +148,7 @@ class LeaderRequest(Request):  # type: ignore[misc]
             self.leader_dispatched = True
         return False
 
-    def _misrouted(self, own_queue: str | None) -> bool:
+    def _misrouted(self, own_queue: str) -> bool:
         """True when the message came from the leader queue of an election not its own."""
         queue = self.delivery_info.get("routing_key")
         if not queue or queue == own_queue:

@@ -110,7 +110,7 @@ class Admitting:
     def gate_profile(self, task):
         from celery_leader.worker.coordinator import GateProfile
 
-        return GateProfile(self, self.name, self.queue, "cancel", overlap=False)
+        return GateProfile(self, "cancel", overlap=False)
 
     def admit(self):
         return 5
