@@ -57,10 +57,12 @@ class Worker:
         pool: str,
         extra: list[str],
         app: str = TASKS,
+        wrapper: list[str] | None = None,
     ) -> None:
         self.nodename = nodename
         self.log = logdir / f"{nodename.split('@', maxsplit=1)[0]}.log"
         args = [
+            *(wrapper or []),  # a command that runs the worker (a profiler, say)
             sys.executable,
             "-m",
             "celery",
@@ -194,12 +196,18 @@ class Cluster:
         *,
         app: str = TASKS,
         env: dict[str, str] | None = None,
+        wrapper: list[str] | None = None,
     ) -> list[Worker]:
-        """Start *count* workers of *app* (with *env* added to the cluster's environment)."""
+        """Start *count* workers of *app* (with *env* added to the cluster's environment).
+
+        *wrapper* is a command line that runs each worker's command (``valgrind ...``).
+        """
         started = []
         for _ in range(count):
             nodename = f"w{len(self.workers) + 1}@{self.name}"
-            worker = Worker({**self.env, **(env or {})}, nodename, self.tmp, pool, extra or [], app)
+            worker = Worker(
+                {**self.env, **(env or {})}, nodename, self.tmp, pool, extra or [], app, wrapper
+            )
             self.workers.append(worker)
             started.append(worker)
         if wait:

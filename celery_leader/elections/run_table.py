@@ -58,6 +58,8 @@ KILL_RING = 128
 
 _SLOT = struct.Struct("=q3q5q")  # sequence, writer (3), pid, token, flags, start time, election
 _SEQ = struct.Struct("=q")
+#: A slot's size in 8-byte words (its sequence number is the first).
+_SLOT_WORDS = _SLOT.size // _SEQ.size
 #: At offset 8: the process writing (or that last wrote) the slot: pid, start time, election.
 _WRITER = struct.Struct("=qqq")
 _BODY = struct.Struct("=qqqqq")  # at offset 16: pid, token, flags, start time, election
@@ -114,6 +116,10 @@ class RunTable:
 
     def __init__(self) -> None:
         self._slots = mmap.mmap(-1, _SLOT.size * RUN_SLOTS)
+        # The same memory as 8-byte words: a sequence number is read and written as
+        # one word (an aligned 8-byte store, as struct's would be) without a struct
+        # call, twice per write. Never closed, so the view never blocks a close.
+        self._words = memoryview(self._slots).cast("q")
         # One byte per slot, set before a run is written and cleared after it
         # is emptied: readers find the slots in use with one C-level search
         # instead of unpacking every slot (the watchdog reads 100 times a second).
@@ -125,32 +131,35 @@ class RunTable:
 
     # -- slots (each written by its own child) --------------------------------
 
-    def _write(
+    def _write(  # noqa: PLR0917 - positional: called twice per leader run
         self,
         index: int,
         pid: int,
         token: int,
         flags: int,
         started: int,
-        *,
         election: int = 0,
         writer: tuple[int, int] | None = None,
     ) -> None:
-        """Write slot *index*; *writer* is the calling process's (pid, start time), if known."""
+        """Write slot *index*, after naming *writer* (the calling process's pid and start time).
+
+        With *writer* None the slot's writer fields are left as they are: they
+        already name the caller, whose :meth:`enter` wrote them, and only the
+        child of that pool index writes the slot.
+        """
         offset = index * _SLOT.size
+        words, at = self._words, index * _SLOT_WORDS
         if pid:
             self._occupied[index] = 1
-        (seq,) = _SEQ.unpack_from(self._slots, offset)
+        seq = words[at]
         # Odd whatever parity an earlier writer killed mid-write left behind.
         begin = seq + 1 if seq % 2 == 0 else seq + 2
-        writer_pid, writer_start = (
-            writer if writer is not None else (procinfo.own_pid(), procinfo.own_start_time())
-        )
-        _WRITER.pack_into(self._slots, offset + _SEQ.size, writer_pid, writer_start, election)
-        _SEQ.pack_into(self._slots, offset, begin)  # odd: write in progress
+        if writer is not None:
+            _WRITER.pack_into(self._slots, offset + _SEQ.size, *writer, election)
+        words[at] = begin  # odd: write in progress
         body_at = offset + _SEQ.size + _WRITER.size
         _BODY.pack_into(self._slots, body_at, pid, token, flags, started, election)
-        _SEQ.pack_into(self._slots, offset, begin + 1)
+        words[at] = begin + 1
         if not pid:
             self._occupied[index] = 0
 
@@ -158,17 +167,21 @@ class RunTable:
         """Record that the calling process (pool child *index*) runs *election*'s term *token*."""
         flags = _TERMINATE if terminate else 0
         pid, started = procinfo.own_pid(), procinfo.own_start_time()
-        self._write(index, pid, token, flags, started, election=election, writer=(pid, started))
+        self._write(index, pid, token, flags, started, election, (pid, started))
 
     def leave(self, index: int, election: int = 0) -> None:
-        """Record that the leader run of pool child *index* (of *election*) ended."""
-        self._write(index, 0, 0, 0, 0, election=election)
+        """Record that the leader run of pool child *index* (of *election*) ended.
+
+        Called by the process whose :meth:`enter` recorded the run, so the
+        slot's writer fields already name it.
+        """
+        self._write(index, 0, 0, 0, 0, election)
 
     def _read(self, index: int) -> tuple[bool, Run | None]:
         """One read of slot *index*: (consistent, its run); not consistent mid-write."""
         offset = index * _SLOT.size
         seq, *_writer, pid, token, flags, started, election = _SLOT.unpack_from(self._slots, offset)
-        if seq % 2 or _SEQ.unpack_from(self._slots, offset)[0] != seq:
+        if seq % 2 or self._words[index * _SLOT_WORDS] != seq:
             return False, None
         if not pid:
             return True, None

@@ -47,6 +47,7 @@ from celery_leader.elections.run_table import RunTable
 from celery_leader.elections.wakeup import Wakeup
 
 _LAYOUT = struct.Struct("=qqdq")  # sequence, token, valid_until, revoked_through
+_SEQ = struct.Struct("=q")  # the sequence alone, read again after a whole read
 _RETRIES = 1000
 #: Elections one worker process can take part in (slots made before the pool forks).
 MAX_ELECTIONS = 128
@@ -193,9 +194,10 @@ class SharedLease:
         written = self._written
         if written is not None:
             return written
+        memory, at = self._mem, self._offset
         for _ in range(_RETRIES):
-            raw = _LAYOUT.unpack_from(self._mem, self._offset)
-            if raw[0] % 2 == 0 and struct.unpack_from("=q", self._mem, self._offset)[0] == raw[0]:
+            raw = _LAYOUT.unpack_from(memory, at)
+            if raw[0] % 2 == 0 and _SEQ.unpack_from(memory, at)[0] == raw[0]:
                 return raw
         return (0, 0, 0.0, 2**63 - 1)  # a writer that never finishes: fail closed
 

@@ -84,7 +84,10 @@ class LeaderTaskMixin:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run under the lease: a last check in the pool child, then the task body."""
-        request = self.request  # type: ignore[attr-defined]
+        # The request the tracer pushed (Task.request without its property call:
+        # this runs for every leader run); Task.request's default when none was.
+        top = self.request_stack.top  # type: ignore[attr-defined]
+        request = top if top is not None else self.request  # type: ignore[attr-defined]
         # The election the gate admitted the run under; the task's for eager runs.
         name = getattr(request, "leader_election", None) or (
             names_for_app(self.app).lease_of(self.leader_election)  # type: ignore[attr-defined]
@@ -117,10 +120,12 @@ class LeaderTaskMixin:
         # Not a context manager: this wraps every leader run, and the pair is cheaper.
         mark = enter_run(name, token, shared)
         try:
-            if _traced_without_own_call(self, request):
-                # What Celery's tracer does for a task with no __call__ of its own:
-                # it pushed this task and its request already; Task.__call__
-                # would push a second copy of the request around the body.
+            cls: type = type(self)
+            if top is not None and _next_call_is_celerys(cls):
+                # Celery's tracer pushed this task and its request (a pushed one is
+                # not eager, checked above) and no other class wraps the body: what
+                # the tracer does for a task with no __call__ of its own.
+                # Task.__call__ would push a second copy of the request.
                 return self.run(*args, **kwargs)  # type: ignore[attr-defined]
             return super().__call__(*args, **kwargs)  # type: ignore[misc]
         except LeaseLost:
@@ -147,16 +152,6 @@ def _next_call_is_celerys(cls: type) -> bool:
         if "__call__" in vars(klass):
             return klass is Task
     return False
-
-
-def _traced_without_own_call(task: Any, request: Any) -> bool:
-    """True when the run came through Celery's tracer and no other class wraps the body.
-
-    The tracer pushed the task and its request; a request it pushed has
-    ``called_directly`` False and is not eager (checked by the caller).
-    """
-    cls: type = type(task)
-    return _next_call_is_celerys(cls) and task.request_stack.top is request
 
 
 class LeaderTask(LeaderTaskMixin, Task):  # type: ignore[misc]

@@ -31,6 +31,9 @@ class _Run:
 _current_run: contextvars.ContextVar[_Run | None] = contextvars.ContextVar(
     "celery_leader_run", default=None
 )
+#: The run :func:`enter_run` marked last: the next run of the same term reuses it
+#: (immutable; a run of another term, election or slot gets a new one).
+_last_run: _Run | None = None
 #: What :func:`enter_run` returns and :func:`exit_run` takes.
 RunMark = contextvars.Token[_Run | None]
 
@@ -73,7 +76,12 @@ def enter_run(name: str, token: int | None, shared: SharedLease | None = None) -
     looked up by *name*). The task base calls this pair around every run;
     :func:`leader_run` is the same as a context manager.
     """
-    return _current_run.set(_Run(name, token, shared or shared_lease(name)))
+    shared = shared or shared_lease(name)
+    global _last_run  # noqa: PLW0603 - one object per term, not per run
+    run = _last_run
+    if run is None or run.token != token or run.shared is not shared or run.name != name:
+        run = _last_run = _Run(name, token, shared)
+    return _current_run.set(run)
 
 
 def exit_run(mark: RunMark) -> None:

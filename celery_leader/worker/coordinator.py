@@ -85,7 +85,7 @@ def current_coordinator() -> Coordinator | None:
 
 @dataclass(frozen=True)
 class GateProfile:
-    """What the gate needs of one task class here (see :meth:`Coordinator.gate_profile`)."""
+    """What the gate needs of one registered task object (see :meth:`Coordinator.gate_profile`)."""
 
     #: The election the task runs under here; None when this worker takes no part in it.
     election: WorkerElection | None
