@@ -215,6 +215,8 @@ case "$cmd" in
     ;;
   bench)
     test_services
+    # benchmarks.instructions counts instructions with callgrind.
+    command -v valgrind >/dev/null || apt_install valgrind
     venv "dev,bench"
     exec .venv/bin/python -m benchmarks.report "$@"
     ;;

@@ -1,14 +1,14 @@
 """Instructions per leader-only no-op task against a plain one, counted by callgrind.
 
 Run from the repository root (needs ``valgrind``; Debian's package has it):
-    .venv/bin/python -m benchmarks.instructions [--tasks 200 500] [--rounds 1]
+    .venv/bin/python -m benchmarks.instructions [--tasks 220 520] [--rounds 1]
 
 Why a second figure beside the throughput ratio of ``benchmarks.workers``:
 on a shared 2-core machine one kind's rate moves by 10 to 70 % from run to
 run, far more than the 2 % the gate may cost, so a rate ratio needs many
-quiet runs to say anything. Instructions executed do not depend on what
-else the machine does. Callgrind counts them exactly, about 50 times slower
-than the real worker.
+quiet runs to say anything. Instructions executed hardly depend on what
+else the machine does (only work paid per second, below, does). Callgrind
+counts them exactly, about 50 times slower than the real worker.
 
 Method: one prefork worker (``-c 2``, Redis broker and store) runs under
 ``valgrind --tool=callgrind`` on a queue filled before it starts, on a store
@@ -18,14 +18,16 @@ leads and a few runs are done, and once the last run is done. The pool
 children cannot be dumped while they run; their totals are read at exit,
 and the count per task is the difference between the two counts of
 ``--tasks``, over the runs between them (what a child does before its first
-run and at exit is the same in both). The watchdog process is left out: it
-does not work per task.
+run and at exit, and the counts it inherits from the main process at the
+fork, are the same in both). The watchdog process is left out: it does not
+work per task.
 
 What it does not show: the cost of cold caches, which makes each
 instruction of the gate dearer in a real worker than in a loop, and
 background work paid per second rather than per task (the lease's
 renewals), which callgrind's slowness charges to each task about 50 times
-over, equally for both kinds.
+over, in proportion to each run's time under callgrind (a few percent
+more for leader-only runs, which take longer).
 """
 
 from __future__ import annotations
@@ -87,12 +89,13 @@ def count_run(tmp: Path, kind: str, tasks: int) -> dict[str, float]:
             f"--callgrind-out-file={out}/callgrind.%p",
             "--dump-line=no",
         ]
-        # A long ttl: under callgrind a renewal takes about 50 times as long.
-        env = {"LEADER_TTL": "20", "PYTHONHASHSEED": "0"}
+        # A long ttl: under callgrind a renewal takes about 50 times as long; a
+        # visibility timeout no run or prefetched message comes near (no copy runs).
+        env = {"LEADER_TTL": "20", "LEADER_VISIBILITY": "3600", "PYTHONHASHSEED": "0"}
         (worker,) = cluster.start(1, extra=["-c", "2"], env=env, wrapper=wrapper, wait=False)
         worker.wait_ready(timeout=600)
         key = f"noop-{kind}"
-        marks = []
+        marks: list[float] = []
         deadline = time.monotonic() + 1800
         for target in (WARM_RUNS, tasks):
             while int(cluster.history_client.get(key) or 0) < target or (
@@ -101,8 +104,11 @@ def count_run(tmp: Path, kind: str, tasks: int) -> dict[str, float]:
                 if worker.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"{kind}: worker ended or stalled:\n{worker.text()[-2000:]}")
                 time.sleep(0.05)
+            # Runs go on in the children while the main process dumps: the
+            # mark is the middle of the counts read before and after.
+            before = int(cluster.history_client.get(key) or 0)
             _dump(worker.proc.pid)
-            marks.append(int(cluster.history_client.get(key) or 0))
+            marks.append((before + int(cluster.history_client.get(key) or 0)) / 2)
         watchdog = _watchdog_pid(worker)
         children = [
             int(pid)
@@ -114,10 +120,15 @@ def count_run(tmp: Path, kind: str, tasks: int) -> dict[str, float]:
         worker.proc.send_signal(signal.SIGTERM)
         worker.proc.wait(300)
         time.sleep(1)  # the children write their totals as they exit
+        ran = int(cluster.history_client.get(key) or 0)
+        if ran != tasks:  # a message run twice would count twice in the children's totals
+            raise RuntimeError(f"{kind}: {ran} runs of {tasks} messages")
     finally:
         cluster.close()
     main_dumps = sorted(out.glob(f"callgrind.{worker.proc.pid}.*"), key=lambda p: int(p.suffix[1:]))
     runs = marks[1] - marks[0]
+    if runs <= 0:
+        raise RuntimeError(f"{kind}: no run between the dumps (marks {marks})")
     return {
         "main": _total(main_dumps[1]) / runs,
         "runs": runs,

@@ -34,6 +34,7 @@ FIGURES = DOCS / "benchmarks.json"
 BENCHMARKS = [
     ("Lease core (Redis)", "benchmarks.lease", False),
     ("Workers end to end (Redis broker and store)", "benchmarks.workers", True),
+    ("Instructions per leader-only run (callgrind)", "benchmarks.instructions", False),
     ("Azure Blob store (Azurite)", "benchmarks.azure", False),
     ("Every store beside Redis: Sentinel, PostgreSQL, etcd", "benchmarks.stores", False),
     ("Beat failover, side by side with RedBeat and single-beat", "benchmarks.beat", True),

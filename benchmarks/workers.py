@@ -351,13 +351,14 @@ def throughput(tmp: Path, count: int, pairs: int = 5) -> dict[str, list[float]]:
             while True:
                 done = int(cluster.history_client.get(key) or 0)
                 if start is None and done and _leads(worker):
-                    start = (done, _tree_cpu(worker.proc.pid), time.monotonic())
+                    began = time.monotonic()  # read with the count, before /proc is walked
+                    start = (done, _tree_cpu(worker.proc.pid), began)
                 if done >= count:
                     cpu_after = _tree_cpu(worker.proc.pid)
                     break
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{kind} no-ops did not finish")
-                time.sleep(0.002)
+                time.sleep(0.005)
             if start is None or count - start[0] < count // 2:
                 raise RuntimeError(f"{kind}: the worker led too late to measure (after {start})")
             ran_before, cpu_before, began = start

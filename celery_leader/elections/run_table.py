@@ -27,7 +27,8 @@ kill, the parent's, a hard time limit, the OOM killer) leaves its slot torn:
   parity it finds, so its own record reads whole (a torn slot heals at the
   next write instead of hiding every later run of that pool index);
 * every writer names itself (pid, start time, election) in the slot before
-  it starts, so a reader that finds a slot torn for good knows who tore it.
+  it starts (a run's end is written by the process whose start named it
+  already), so a reader that finds a slot torn for good knows who tore it.
   A writer that is gone left nothing running. A writer that still runs is
   inside :meth:`RunTable.enter` or :meth:`RunTable.leave`, before or after
   a run's body and never in it (a run checks its term again after
@@ -143,9 +144,9 @@ class RunTable:
     ) -> None:
         """Write slot *index*, after naming *writer* (the calling process's pid and start time).
 
-        With *writer* None the slot's writer fields are left as they are: they
-        already name the caller, whose :meth:`enter` wrote them, and only the
-        child of that pool index writes the slot.
+        With *writer* None the slot's writer fields are left as they are
+        (:meth:`leave`: they name the caller already, whose :meth:`enter`
+        wrote them; only the child of that pool index writes the slot).
         """
         offset = index * _SLOT.size
         words, at = self._words, index * _SLOT_WORDS
