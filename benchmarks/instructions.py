@@ -41,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.workers import prime_store
+from benchmarks.workers import leads, prime_store
 from harness.cluster import Cluster, Worker
 
 KINDS = ("plain", "leader")
@@ -73,9 +73,9 @@ def _watchdog_pid(worker: Worker) -> int | None:
 def count_run(tmp: Path, kind: str, tasks: int) -> dict[str, float]:
     """One worker under callgrind running *tasks* no-ops of *kind*.
 
-    Returns the main process's instructions per run between its two dumps
-    (``main``), the runs between them, and the pool children's lifetime
-    total (``children``).
+    Returns the main process's instructions between its two dumps
+    (``main``), the runs between them (``runs``), and the pool children's
+    lifetime total (``children``).
     """
     out = Path(tempfile.mkdtemp(prefix=f"{kind}-{tasks}-", dir=tmp))
     cluster = Cluster(out, "redis")
@@ -98,9 +98,7 @@ def count_run(tmp: Path, kind: str, tasks: int) -> dict[str, float]:
         marks: list[float] = []
         deadline = time.monotonic() + 1800
         for target in (WARM_RUNS, tasks):
-            while int(cluster.history_client.get(key) or 0) < target or (
-                "Started consuming from" not in worker.text()
-            ):
+            while int(cluster.history_client.get(key) or 0) < target or not leads(worker):
                 if worker.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"{kind}: worker ended or stalled:\n{worker.text()[-2000:]}")
                 time.sleep(0.05)
@@ -130,7 +128,7 @@ def count_run(tmp: Path, kind: str, tasks: int) -> dict[str, float]:
     if runs <= 0:
         raise RuntimeError(f"{kind}: no run between the dumps (marks {marks})")
     return {
-        "main": _total(main_dumps[1]) / runs,
+        "main": _total(main_dumps[1]),
         "runs": runs,
         "children": sum(_total(out / f"callgrind.{pid}") for pid in children),
     }
@@ -146,10 +144,7 @@ def measure(tmp: Path, counts: tuple[int, int], rounds: int) -> dict[str, dict[s
         for kind in KINDS if round_ % 2 == 0 else KINDS[::-1]:
             few = count_run(tmp, kind, small)
             many = count_run(tmp, kind, large)
-            found[kind]["main"].append(
-                (few["main"] * few["runs"] + many["main"] * many["runs"])
-                / (few["runs"] + many["runs"])
-            )
+            found[kind]["main"].append((few["main"] + many["main"]) / (few["runs"] + many["runs"]))
             found[kind]["children"].append((many["children"] - few["children"]) / (large - small))
             print(
                 f"{kind}: main {found[kind]['main'][-1] / 1e6:.3f} M, children "

@@ -315,7 +315,7 @@ def prime_store(cluster: Cluster) -> None:
         store.close()
 
 
-def _leads(worker: Worker) -> bool:
+def leads(worker: Worker) -> bool:
     """True once *worker* consumes its election's leader queue."""
     return "Started consuming from" in worker.text()
 
@@ -347,12 +347,12 @@ def throughput(tmp: Path, count: int, pairs: int = 5) -> dict[str, list[float]]:
             (worker,) = cluster.start(1, extra=["-c", "2"])
             key = f"noop-{kind}"
             deadline = time.monotonic() + 300
-            start: tuple[int, float, float] | None = None  # runs, CPU, time at the window's start
+            start: tuple[int, float, float] | None = None  # runs, time, CPU at the window's start
             while True:
                 done = int(cluster.history_client.get(key) or 0)
-                if start is None and done and _leads(worker):
-                    began = time.monotonic()  # read with the count, before /proc is walked
-                    start = (done, _tree_cpu(worker.proc.pid), began)
+                if start is None and done and leads(worker):
+                    # The time is read with the count, before /proc is walked.
+                    start = (done, time.monotonic(), _tree_cpu(worker.proc.pid))
                 if done >= count:
                     cpu_after = _tree_cpu(worker.proc.pid)
                     break
@@ -361,7 +361,7 @@ def throughput(tmp: Path, count: int, pairs: int = 5) -> dict[str, list[float]]:
                 time.sleep(0.005)
             if start is None or count - start[0] < count // 2:
                 raise RuntimeError(f"{kind}: the worker led too late to measure (after {start})")
-            ran_before, cpu_before, began = start
+            ran_before, began, cpu_before = start
             last = float(cluster.history_client.get(f"{key}-last") or 0)
             found.setdefault(f"{kind}_rate", []).append((count - ran_before) / (last - began))
             found.setdefault(f"{kind}_cpu_ms", []).append(

@@ -47,7 +47,7 @@ from celery_leader.elections.run_table import RunTable
 from celery_leader.elections.wakeup import Wakeup
 
 _LAYOUT = struct.Struct("=qqdq")  # sequence, token, valid_until, revoked_through
-_SEQ = struct.Struct("=q")  # the sequence alone, read again after a whole read
+_SEQ = struct.Struct("=q")  # the sequence alone: odd while a write is in progress
 _RETRIES = 1000
 #: Elections one worker process can take part in (slots made before the pool forks).
 MAX_ELECTIONS = 128
@@ -153,10 +153,10 @@ class SharedLease:
 
     def _write(self, token: int, valid_until: float, revoked_through: int) -> None:
         at = self._offset
-        (seq,) = struct.unpack_from("=q", self._mem, at)
-        struct.pack_into("=q", self._mem, at, seq + 1)  # odd: write in progress
-        struct.pack_into("=qdq", self._mem, at + 8, token, valid_until, revoked_through)
-        struct.pack_into("=q", self._mem, at, seq + 2)
+        (seq,) = _SEQ.unpack_from(self._mem, at)
+        _SEQ.pack_into(self._mem, at, seq + 1)  # odd: write in progress
+        struct.pack_into("=qdq", self._mem, at + _SEQ.size, token, valid_until, revoked_through)
+        _SEQ.pack_into(self._mem, at, seq + 2)
         if self._written is not None:
             self._written = (seq + 2, token, valid_until, revoked_through)
 

@@ -128,7 +128,7 @@ class LeaderRequest(Request):  # type: ignore[misc]
             if profile.on_loss is not None
             else coordinator.policy_for(self.task).value  # refused: ConfigurationError
         )
-        if sys._getframe(1).f_code.co_name == "execute_using_pool":  # see _called_from
+        if _called_from(sys._getframe(1), "execute_using_pool"):
             if self.task.acks_late:
                 if not coordinator.admit_delivery(self):
                     return True  # delivered again while its run goes on (see worker.redelivery)
@@ -171,10 +171,8 @@ class LeaderRequest(Request):  # type: ignore[misc]
         # Celery acknowledges a run it is terminating (revoke(terminate=True)): the process
         # may go on (an ignored or handled signal); its end settles it (on_failure).
         caller = sys._getframe(1)
-        called_by = caller.f_code.co_name  # read once: this runs for every leader message
-        starting = called_by == "on_accepted" and not self.task.acks_late
-        terminating = called_by == "_announce_revoked" and _terminating(caller)
-        if not starting and not (self.time_start and terminating):
+        starting = not self.task.acks_late and _called_from(caller, "on_accepted")
+        if not starting and not (self.time_start and _terminating(caller)):
             self._run_settled(self.leader_outcome or COMPLETED)
         super().acknowledge()
 
