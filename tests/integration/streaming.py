@@ -7,15 +7,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from tests.chaos.run import RunWatcher
+
 
 @contextmanager
 def streaming(cluster: Any, every: float = 0.1) -> Iterator[list[int]]:
     """Send leader_record 0, 1, 2... every *every* seconds while the block runs.
 
     Yields a one-item list holding how many were sent so far (read it after the block).
+    A run killed at its term's end writes no end row: a :class:`RunWatcher`
+    records when its process was gone, as the chaos suite does, so the
+    checker judges it as ended by the kill rather than as never ended.
     """
     sent = [0]
     stop = threading.Event()
+    watcher = RunWatcher(cluster.env["LEADER_HISTORY"])
+    watcher.start()
 
     def stream() -> None:
         while not stop.is_set():
@@ -30,3 +37,5 @@ def streaming(cluster: Any, every: float = 0.1) -> Iterator[list[int]]:
     finally:
         stop.set()
         sender.join(5)
+        watcher.stop()
+        watcher.close()
