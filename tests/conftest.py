@@ -50,6 +50,10 @@ SERIAL = (
     "tests/test_cli_status.py::test_status_shows_the_last_renewal_and_marks_a_silent_holder",
     # The next leader must keep its lease from a step-down until a 4 s countdown has run.
     "tests/integration/test_worker_config.py::test_eta_leader_message_is_handed_back_on_step_down",
+    # The old leader must stop within ttl + 0.5 s (ttl 1 s) of its database file's replacement.
+    "tests/stores/test_sqlite_faults.py::test_file_replaced_under_a_leader_never_splits_the_election",
+    # A handover within 1 s of the release, and a first leader, in a demo of four processes.
+    "tests/test_demo.py::test_quick_demo_shows_failover_and_handover",
 )
 
 

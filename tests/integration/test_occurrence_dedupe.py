@@ -19,7 +19,7 @@ from celery_leader.tasks.occurrence_record import OccurrenceRecord
 from celery_leader.worker.occurrences import state_key
 from harness.servers import free_port
 from tests.integration.test_metrics_worker import sample, scrape
-from tests.integration.test_overlap import runs, state_of
+from tests.integration.test_overlap import runs, state_of, wait_state
 
 TASK = "tests.integration.leaderapp"
 # Slots of now: the record forgets slots older than 24 h (two periods here) on its own.
@@ -37,16 +37,6 @@ def of(occurrence: str) -> dict:
 def leader_queue(cluster) -> dict:
     """Send options for leaderapp tasks the test client does not route (not in LEADER_TASKS)."""
     return {"queue": f"{cluster.name}.leader"}
-
-
-def wait_state(cluster, task_id: str, wanted: set[str], timeout: float = 15) -> tuple[str, object]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = state_of(cluster, task_id)
-        if found[0] in wanted:
-            return found
-        time.sleep(0.05)
-    return state_of(cluster, task_id)
 
 
 def ran(cluster, task_id: str) -> int:

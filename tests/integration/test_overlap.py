@@ -41,6 +41,21 @@ def state_of(cluster, task_id: str) -> tuple[str, object]:
     return meta["status"], meta["result"]
 
 
+def wait_state(cluster, task_id: str, wanted: set[str], timeout: float = 15) -> tuple[str, object]:
+    """The task's stored state once it is one of *wanted*, or as it is after *timeout*.
+
+    A run's rows are written before it returns and its result after: a test that saw the
+    run's end row must wait for the result.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = state_of(cluster, task_id)
+        if found[0] in wanted:
+            return found
+        time.sleep(0.05)
+    return state_of(cluster, task_id)
+
+
 @pytest.fixture
 def overlap_cluster(cluster_for):
     cluster = cluster_for("redis")
@@ -97,7 +112,7 @@ def test_buffer_one_runs_one_waiting_message_after_the_run_and_skips_the_rest(ov
     skipped = cluster.send("overlap_buffer", 0.1, "job")
     rows = cluster.wait_history(lambda r: len(runs(r, "end")) >= 2, 15)
     assert [r["task_id"] for r in runs(rows)] == [first.id, waiting.id]
-    assert state_of(cluster, skipped.id)[0] == "SKIPPED"
+    assert wait_state(cluster, skipped.id, {"SKIPPED"})[0] == "SKIPPED"
     gap = runs(rows)[1]["at"] - runs(rows, "end")[0]["at"]
     assert 0 <= gap < 1.0, f"the waiting message started {gap:.2f} s after the run ended"
     assert_one_run_at_a_time(rows)
@@ -264,6 +279,6 @@ def test_what_a_run_sends_of_its_own_key_is_never_skipped(overlap_cluster):
         lambda r: {x.get("tag") for x in runs(r, "end")} >= {"r", "c1", "c2"}, 20
     )
     assert [x["retries"] for x in runs(rows) if x.get("tag") == "r"] == [0, 1]
-    assert state_of(cluster, retried.id)[0] == "SUCCESS"
-    assert state_of(cluster, steps.id)[0] == "SUCCESS"
+    assert wait_state(cluster, retried.id, {"SUCCESS"})[0] == "SUCCESS"
+    assert wait_state(cluster, steps.id, {"SUCCESS"})[0] == "SUCCESS"
     assert_one_run_at_a_time([x for x in rows if x.get("tag") != "r"])
