@@ -28,7 +28,8 @@ Prints one table per ttl:
   (which runs nothing else); ``--revocation-rounds`` rounds each (default:
   ``--rounds``, at most 5);
 * gate overhead (once): throughput of leader-only no-op tasks over plain
-  ones on one prefork worker.
+  ones on one prefork worker, in blocks of each kind alternating within
+  the same worker process (``--pairs`` pairs of ``--tasks`` no-ops).
 """
 
 from __future__ import annotations
@@ -320,98 +321,125 @@ def leads(worker: Worker) -> bool:
     return "Started consuming from" in worker.text()
 
 
-def throughput(tmp: Path, count: int, pairs: int = 5) -> dict[str, list[float]]:
-    """Tasks/s and worker CPU per task for leader-only and plain no-ops, *pairs* alternating runs.
+#: Blocks of each kind one worker runs, in the order plain, leader, leader, plain, ... (ABBA:
+#: a drift of the machine's speed within a worker's life cancels out of each pair's ratio).
+PAIRS_PER_WORKER = 4
+#: No-ops of each kind every worker runs first and nobody counts (imports, caches, the pool).
+WARM_UP = 300
 
-    Each queue is filled before the worker starts, on a store primed so the
-    worker leads at once (:func:`prime_store`). Both kinds are measured
-    from the moment the worker leads and has run a task to its last run:
-    a worker that leads consumes two queues and keeps its term, so plain
-    runs before the election would cost less than the same runs after it,
-    and the figure must compare the gate alone. The rate is the runs in
-    that window over its length (the last run's time, as the task records
-    it); neither sending nor the worker's start-up counts. CPU per task is
-    the worker's process tree's CPU time over the same window: a steadier
-    figure than the rate on a shared machine, where the rate of one kind
-    moves by 10 % or more run to run.
+
+def _block(cluster: Cluster, worker: Worker, kind: str, count: int) -> tuple[float, float]:
+    """Run *count* no-ops of *kind* on *worker* at once; their rate and the CPU ms per run.
+
+    The messages are sent while the worker's process group is stopped
+    (SIGSTOP: main process, pool children, watchdog), so the block runs
+    from a full queue and sending costs the worker nothing. The rate is
+    the runs over the time from the first to the last, as the task records
+    them; the CPU is the worker's process tree's, from the moment it
+    continues to its last run.
     """
-    found: dict[str, list[float]] = {}
-    # plain, leader, leader, plain, ...: neither kind always runs first on a warm machine.
-    orders = (("plain", "leader"), ("leader", "plain"))
-    for kind in [kind for i in range(pairs) for kind in orders[i % 2]]:
+    key = f"noop-{kind}"
+    history = cluster.history_client
+    os.killpg(worker.proc.pid, signal.SIGSTOP)
+    try:
+        history.delete(key, f"{key}-first", f"{key}-last")
+        for _ in range(count):
+            cluster.send(f"noop_{kind}")
+        cpu_before = _tree_cpu(worker.proc.pid)
+    finally:
+        os.killpg(worker.proc.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 300
+    while int(history.get(key) or 0) < count:
+        if time.monotonic() > deadline or worker.proc.poll() is not None:
+            raise RuntimeError(f"{kind} no-ops did not finish:\n{worker.text()[-2000:]}")
+        time.sleep(0.005)
+    cpu_after = _tree_cpu(worker.proc.pid)
+    first, last = (float(history.get(f"{key}-{end}") or 0) for end in ("first", "last"))
+    return (count - 1) / (last - first), 1000 * (cpu_after - cpu_before) / count
+
+
+def throughput(tmp: Path, count: int, pairs: int = 8) -> dict[str, list[float]]:
+    """Tasks/s and worker CPU per task for leader-only and plain no-ops, in *pairs* pairs.
+
+    Both kinds run in the same worker process, in blocks of *count* no-ops
+    (:func:`_block`) ordered plain, leader, leader, plain, ... for
+    :data:`PAIRS_PER_WORKER` pairs per worker (the next worker starts with
+    leader-only), on a store primed so the worker leads at once
+    (:func:`prime_store`) and with a ttl long enough that no block waits on
+    the lease. Why blocks in one process: two worker processes of the same
+    code differ by several percent in speed (where their memory lies, which
+    core they share), more than the gate may cost; within one process the
+    kinds meet the same. Each list holds one entry per block, in pair order:
+    entry *i* of one kind and entry *i* of the other ran side by side.
+    """
+    found: dict[str, list[float]] = {
+        f"{kind}_{what}": [] for kind in ("plain", "leader") for what in ("rate", "cpu_ms")
+    }
+    for index in range((pairs + PAIRS_PER_WORKER - 1) // PAIRS_PER_WORKER):
         cluster = Cluster(_dir(tmp / "throughput"), "redis")
         try:
             prime_store(cluster)
-            for _ in range(count):
-                cluster.send(f"noop_{kind}")
-            (worker,) = cluster.start(1, extra=["-c", "2"])
-            key = f"noop-{kind}"
-            deadline = time.monotonic() + 300
-            start: tuple[int, float, float] | None = None  # runs, time, CPU at the window's start
-            while True:
-                done = int(cluster.history_client.get(key) or 0)
-                if start is None and done and leads(worker):
-                    # The time is read with the count, before /proc is walked.
-                    start = (done, time.monotonic(), _tree_cpu(worker.proc.pid))
-                if done >= count:
-                    cpu_after = _tree_cpu(worker.proc.pid)
-                    break
+            env = {"LEADER_TTL": "30", "LEADER_VISIBILITY": "3600"}
+            (worker,) = cluster.start(1, extra=["-c", "2"], env=env)
+            deadline = time.monotonic() + 60
+            while not leads(worker):
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"{kind} no-ops did not finish")
-                time.sleep(0.005)
-            if start is None or count - start[0] < count // 2:
-                raise RuntimeError(f"{kind}: the worker led too late to measure (after {start})")
-            ran_before, began, cpu_before = start
-            last = float(cluster.history_client.get(f"{key}-last") or 0)
-            found.setdefault(f"{kind}_rate", []).append((count - ran_before) / (last - began))
-            found.setdefault(f"{kind}_cpu_ms", []).append(
-                1000 * (cpu_after - cpu_before) / (count - ran_before)
-            )
+                    raise RuntimeError("the throughput worker did not lead")
+                time.sleep(0.05)
+            first, second = ("plain", "leader") if index % 2 == 0 else ("leader", "plain")
+            for kind in (first, second):
+                _block(cluster, worker, kind, WARM_UP)
+            left = min(PAIRS_PER_WORKER, pairs - index * PAIRS_PER_WORKER)
+            for pair in range(left):
+                for kind in (first, second) if pair % 2 == 0 else (second, first):
+                    rate, cpu_ms = _block(cluster, worker, kind, count)
+                    found[f"{kind}_rate"].append(rate)
+                    found[f"{kind}_cpu_ms"].append(cpu_ms)
+            if "lost the lead" in worker.text():
+                raise RuntimeError("the throughput worker lost its lease during a block")
         finally:
             cluster.close()
     for kind in ("plain", "leader"):
         rates = [round(v) for v in found[f"{kind}_rate"]]
         cpu = [round(v, 3) for v in found[f"{kind}_cpu_ms"]]
-        print(f"throughput runs, {kind}: {rates} tasks/s; worker CPU per task {cpu} ms", flush=True)
+        print(f"throughput blocks, {kind}: {rates} tasks/s; CPU per task {cpu} ms", flush=True)
     return found
 
 
 def throughput_summary(found: dict[str, list[float]], count: int) -> dict[str, float]:
-    """Print the throughput line; return its figures."""
+    """Print the throughput lines (medians of the pairs' ratios); return their figures."""
     pairs = len(found["plain_rate"])
+    rate_ratios = [
+        lead / plain for lead, plain in zip(found["leader_rate"], found["plain_rate"], strict=True)
+    ]
+    cpu_ratios = [
+        plain / lead
+        for plain, lead in zip(found["plain_cpu_ms"], found["leader_cpu_ms"], strict=True)
+    ]
+    ratio, cpu_ratio = statistics.median(rate_ratios), statistics.median(cpu_ratios)
+    low, high = _median_interval(rate_ratios)
+    cpu_low, cpu_high = _median_interval(cpu_ratios)
     rate = {kind: statistics.median(found[f"{kind}_rate"]) for kind in ("plain", "leader")}
     cpu = {kind: statistics.median(found[f"{kind}_cpu_ms"]) for kind in ("plain", "leader")}
-    ratio = rate["leader"] / rate["plain"]
-    cpu_ratio = cpu["plain"] / cpu["leader"]
     spread = (max(found["plain_rate"]) - min(found["plain_rate"])) / rate["plain"]
-    low, high = _ratio_interval(found["leader_rate"], found["plain_rate"])
     print(
-        f"\nthroughput on one prefork worker (-c 2, both acks_late), {count} no-op tasks, "
-        f"median of {pairs} alternating runs: leader-only {rate['leader']:.0f}/s, plain "
-        f"{rate['plain']:.0f}/s, ratio {ratio:.3f} (goal >= 0.98: "
-        f"{'met' if ratio >= 0.98 else 'MISSED'}; plain runs alone spread {spread:.0%}; "
-        f"95% bootstrap interval of the ratio {low:.3f}..{high:.3f})\n"
-        f"worker CPU per task: leader-only {cpu['leader']:.3f} ms, plain {cpu['plain']:.3f} ms, "
-        f"plain / leader {cpu_ratio:.3f} (goal >= 0.98: {'met' if cpu_ratio >= 0.98 else 'MISSED'})"
+        f"\nthroughput on one prefork worker (-c 2, both acks_late), {pairs} pairs of "
+        f"{count}-task blocks: leader-only {rate['leader']:.0f}/s, plain {rate['plain']:.0f}/s "
+        f"(medians); leader-only / plain, median of the pairs' ratios {ratio:.3f} "
+        f"(goal >= 0.98: {'met' if ratio >= 0.98 else 'MISSED'}; 95% bootstrap interval "
+        f"{low:.3f}..{high:.3f}; plain blocks alone spread {spread:.0%})\n"
+        f"worker CPU per task: leader-only {cpu['leader']:.3f} ms, plain {cpu['plain']:.3f} ms; "
+        f"plain / leader-only, median of the pairs' ratios {cpu_ratio:.3f} (interval "
+        f"{cpu_low:.3f}..{cpu_high:.3f}; goal >= 0.98: {'met' if cpu_ratio >= 0.98 else 'MISSED'})"
     )
     return {"throughput_ratio": ratio, "cpu_ratio": cpu_ratio, "plain_spread": spread}
 
 
-def _ratio_interval(
-    numerator: list[float], denominator: list[float], draws: int = 2000
-) -> tuple[float, float]:
-    """A 95 % bootstrap interval for median(numerator) / median(denominator).
-
-    On a shared 2-core machine one kind's runs spread by tens of percent;
-    the interval says how far the median ratio can be trusted.
-    """
+def _median_interval(values: list[float], draws: int = 2000) -> tuple[float, float]:
+    """A 95 % bootstrap interval for the median of *values*."""
     rng = random.Random(0)
-    ratios = sorted(
-        statistics.median(rng.choices(numerator, k=len(numerator)))
-        / statistics.median(rng.choices(denominator, k=len(denominator)))
-        for _ in range(draws)
-    )
-    return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
 
 
 Row = Callable[..., None]
@@ -516,9 +544,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--ttl", type=float, nargs="+", default=[3.0, 10.0])
-    parser.add_argument("--tasks", type=int, default=3000)
+    parser.add_argument("--tasks", type=int, default=3000, help="no-ops per throughput block")
     parser.add_argument(
-        "--pairs", type=int, default=5, help="alternating plain/leader throughput runs"
+        "--pairs",
+        type=int,
+        default=8,
+        help="plain/leader pairs of throughput blocks (four pairs per worker process)",
     )
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     parser.add_argument(

@@ -69,13 +69,6 @@ def _called_from(frame: FrameType | None, function: str) -> bool:
     return frame is not None and frame.f_code.co_name == function
 
 
-def _terminating(frame: FrameType | None) -> bool:
-    """True when *frame* is Celery announcing a run it terminates (``revoke(terminate=True)``)."""
-    return _called_from(frame, "_announce_revoked") and bool(
-        frame is not None and frame.f_locals.get("terminated")
-    )
-
-
 def _hands_on(exc: Any) -> bool:
     """True for the exceptions by which a task hands its message on instead of failing.
 
@@ -104,11 +97,18 @@ class LeaderRequest(Request):  # type: ignore[misc]
         if self.acknowledged:
             return True  # already handed back by revocation on lease loss
         coordinator = current_coordinator()
-        profile = coordinator.gate_profile(self.task) if coordinator is not None else None
+        task = self.task
+        profile = coordinator.gate_profile(task) if coordinator is not None else None
         election = profile.election if profile is not None else None
-        if election is not None and self._misrouted(election.queue):
+        routing_key = self.delivery_info.get("routing_key")
+        if (
+            election is not None
+            and routing_key
+            and routing_key != election.queue
+            and self._from_leader_queue(routing_key)
+        ):
             # Another election's leader holds this queue: never run it there.
-            self.hand_back(f"it reached {self.delivery_info.get('routing_key')!r}")
+            self.hand_back(f"it reached {routing_key!r}")
             return True
         token = election.admit() if election is not None else None
         if coordinator is None or profile is None or election is None or token is None:
@@ -126,10 +126,10 @@ class LeaderRequest(Request):  # type: ignore[misc]
         request_dict["leader_on_loss"] = (
             profile.on_loss
             if profile.on_loss is not None
-            else coordinator.policy_for(self.task).value  # refused: ConfigurationError
+            else coordinator.policy_for(task).value  # refused: ConfigurationError
         )
         if _called_from(sys._getframe(1), "execute_using_pool"):
-            if self.task.acks_late:
+            if task.acks_late:
                 if not coordinator.admit_delivery(self):
                     return True  # delivered again while its run goes on (see worker.redelivery)
                 self.leader_recorded = True  # settle it, whether it runs, waits or is skipped
@@ -148,11 +148,8 @@ class LeaderRequest(Request):  # type: ignore[misc]
             self.leader_dispatched = True
         return False
 
-    def _misrouted(self, own_queue: str) -> bool:
-        """True when the message came from the leader queue of an election not its own."""
-        queue = self.delivery_info.get("routing_key")
-        if not queue or queue == own_queue:
-            return False
+    def _from_leader_queue(self, queue: str) -> bool:
+        """True when *queue* (not this task's own) is the leader queue of an election."""
         is_leader_queue, _ = names_for_app(self._app).election_of_queue(str(queue))
         return is_leader_queue
 
@@ -168,13 +165,28 @@ class LeaderRequest(Request):  # type: ignore[misc]
         :meth:`on_failure`).
         """
         # Settled first: a copy admitted in between must still find the run. Not when
-        # Celery acknowledges a run it is terminating (revoke(terminate=True)): the process
-        # may go on (an ignored or handled signal); its end settles it (on_failure).
-        caller = sys._getframe(1)
-        starting = not self.task.acks_late and _called_from(caller, "on_accepted")
-        if not starting and not (self.time_start and _terminating(caller)):
+        # Celery acknowledges a run it is terminating (revoke(terminate=True), see
+        # terminate()): the process may go on (an ignored or handled signal); its end
+        # settles it (on_failure).
+        if not self.leader_terminating and (
+            self.task.acks_late or not _called_from(sys._getframe(1), "on_accepted")
+        ):
             self._run_settled(self.leader_outcome or COMPLETED)
         super().acknowledge()
+
+    def terminate(self, pool: Any, signal: Any = None) -> None:
+        """Celery's ``revoke(terminate=True)``: what it acknowledges meanwhile settles nothing.
+
+        Celery acknowledges a run it terminates from inside this call (and
+        calls it again from ``on_accepted`` for a run terminated before it
+        started); the flag marks exactly that acknowledgement for
+        :meth:`acknowledge`.
+        """
+        self.leader_terminating = True
+        try:
+            super().terminate(pool, signal)
+        finally:
+            self.leader_terminating = False
 
     def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> Any:
         """A run ended (Celery's base class; the per-task class's is wrapped the same way)."""
@@ -279,6 +291,8 @@ class LeaderRequest(Request):  # type: ignore[misc]
 
     #: Set when the parent killed this run because its term ended.
     leader_killed = False
+    #: Set while Celery terminates this run (revoke(terminate=True)): see terminate().
+    leader_terminating = False
     #: Set when the gate handed this request to the pool.
     leader_dispatched = False
     #: Set when the redelivery record took this request in (it must be settled).

@@ -73,6 +73,12 @@ class WorkerElection:
     ) -> None:
         self.coordinator = coordinator
         self.settings = settings
+        # Copied from the (frozen) settings, not properties: the gate reads both for every
+        # leader message.
+        #: The election's lease name.
+        self.name: str = settings.name
+        #: The election's leader queue.
+        self.queue: str = settings.queue
         #: The election's own name (``@leader_only(election=...)``); None: the default one.
         self.short_name = election
         self.election: Election = coordinator.group.add(
@@ -118,16 +124,6 @@ class WorkerElection:
         self._lock = threading.Lock()
         #: The last term that ended by a loss (its release flush waits for no run).
         self._lost_token: int | None = None
-
-    @property
-    def name(self) -> str:
-        """The election's lease name."""
-        return self.settings.name
-
-    @property
-    def queue(self) -> str:
-        """The election's leader queue."""
-        return self.settings.queue
 
     # -- the gate (loop thread) -----------------------------------------------
 

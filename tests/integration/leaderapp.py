@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 
 import redis
@@ -245,6 +246,17 @@ def overlap_skip(self, seconds, tag):
 @app.task(bind=True)
 def overlap_buffer(self, seconds, tag):
     return _overlap_run(self, seconds, tag)
+
+
+@leader_only(overlap="buffer_one")
+@app.task(bind=True)
+def overlap_stubborn(self, seconds, tag):
+    """Ignores SIGTERM while it runs (a handled signal): revoke(terminate=True) does not end it."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        return _overlap_run(self, seconds, tag)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @leader_only(overlap="skip", overlap_key=["account_id"])

@@ -261,6 +261,25 @@ def test_a_beat_entry_every_second_of_a_longer_task_never_overlaps(overlap_clust
 
 
 @pytest.mark.slow
+def test_a_run_celery_terminates_holds_its_key_until_its_process_ends(overlap_cluster):
+    """revoke(terminate=True) of a run that ignores SIGTERM: Celery acknowledges its message
+    at once, but the run goes on, so the message waiting for its key (buffer_one) starts
+    only once the run ended, never beside it."""
+    cluster = overlap_cluster
+    cluster.start(1, extra=["-c", "3"])
+    cluster.leader_worker()
+    stubborn = cluster.send("overlap_stubborn", 2.5, "job")
+    cluster.wait_history(runs, 10)
+    waiting = cluster.send("overlap_stubborn", 0.1, "job")
+    time.sleep(0.3)  # the second message reached the gate and waits for the key
+    cluster.client.control.revoke(stubborn.id, terminate=True)
+    rows = cluster.wait_history(lambda r: len(runs(r, "end")) >= 2, 15)
+    assert [r["task_id"] for r in runs(rows)] == [stubborn.id, waiting.id]
+    assert_one_run_at_a_time(rows)
+    assert wait_state(cluster, waiting.id, {"SUCCESS"})[0] == "SUCCESS"
+
+
+@pytest.mark.slow
 def test_what_a_run_sends_of_its_own_key_is_never_skipped(overlap_cluster):
     """overlap="skip": a run's own retry (countdown 0) and the next step of its chain reach
     the leader while the run is not yet settled there: they wait for it and run, never
