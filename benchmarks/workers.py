@@ -346,6 +346,7 @@ def _block(cluster: Cluster, worker: Worker, kind: str, count: int) -> tuple[flo
         for _ in range(count):
             cluster.send(f"noop_{kind}")
         cpu_before = _tree_cpu(worker.proc.pid)
+        continued = time.monotonic()
     finally:
         os.killpg(worker.proc.pid, signal.SIGCONT)
     deadline = time.monotonic() + 300
@@ -355,6 +356,10 @@ def _block(cluster: Cluster, worker: Worker, kind: str, count: int) -> tuple[flo
         time.sleep(0.005)
     cpu_after = _tree_cpu(worker.proc.pid)
     first, last = (float(history.get(f"{key}-{end}") or 0) for end in ("first", "last"))
+    if first < continued:  # both on the host's monotonic clock
+        raise RuntimeError(f"a {kind} no-op ran before the worker stopped: the block is void")
+    if "lost the lead" in worker.text():
+        raise RuntimeError("the throughput worker lost its lease during a block")
     return (count - 1) / (last - first), 1000 * (cpu_after - cpu_before) / count
 
 
@@ -395,8 +400,6 @@ def throughput(tmp: Path, count: int, pairs: int = 8) -> dict[str, list[float]]:
                     rate, cpu_ms = _block(cluster, worker, kind, count)
                     found[f"{kind}_rate"].append(rate)
                     found[f"{kind}_cpu_ms"].append(cpu_ms)
-            if "lost the lead" in worker.text():
-                raise RuntimeError("the throughput worker lost its lease during a block")
         finally:
             cluster.close()
     for kind in ("plain", "leader"):
@@ -564,6 +567,8 @@ def main() -> None:
         help="rounds of each revocation measurement (default: --rounds, at most 5)",
     )
     args = parser.parse_args()
+    if args.pairs < 1 or args.tasks < 2:
+        parser.error("--pairs must be 1 or more and --tasks 2 or more")
     revocation_rounds_ = args.revocation_rounds or min(args.rounds, 5)
     figures: dict[str, dict[str, list[float]]] = {}
     revocation: dict[str, dict[str, list[float]]] = {}

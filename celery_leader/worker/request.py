@@ -166,25 +166,26 @@ class LeaderRequest(Request):  # type: ignore[misc]
         """
         # Settled first: a copy admitted in between must still find the run. Not when
         # Celery acknowledges a run it is terminating (revoke(terminate=True), see
-        # terminate()): the process may go on (an ignored or handled signal); its end
-        # settles it (on_failure).
+        # _announce_revoked()): the process may go on (an ignored or handled signal); its
+        # end settles it (on_failure).
         if not self.leader_terminating and (
             self.task.acks_late or not _called_from(sys._getframe(1), "on_accepted")
         ):
             self._run_settled(self.leader_outcome or COMPLETED)
         super().acknowledge()
 
-    def terminate(self, pool: Any, signal: Any = None) -> None:
-        """Celery's ``revoke(terminate=True)``: what it acknowledges meanwhile settles nothing.
+    def _announce_revoked(self, reason: Any, terminated: Any, signum: Any, expired: Any) -> Any:
+        """Celery's revocation notice; for a run it terminates, its acknowledgement settles nothing.
 
-        Celery acknowledges a run it terminates from inside this call (and
-        calls it again from ``on_accepted`` for a run terminated before it
-        started); the flag marks exactly that acknowledgement for
-        :meth:`acknowledge`.
+        Celery acknowledges from inside this call; with *terminated* set (a
+        started run hit by ``revoke(terminate=True)``) the flag marks exactly
+        that acknowledgement for :meth:`acknowledge`. Not set around
+        ``terminate()`` as a whole: on eventlet, killing the greenlet reports
+        the run's end (and acknowledges it) before this call.
         """
-        self.leader_terminating = True
+        self.leader_terminating = bool(terminated and self.time_start)
         try:
-            super().terminate(pool, signal)
+            return super()._announce_revoked(reason, terminated, signum, expired)
         finally:
             self.leader_terminating = False
 
@@ -291,7 +292,7 @@ class LeaderRequest(Request):  # type: ignore[misc]
 
     #: Set when the parent killed this run because its term ended.
     leader_killed = False
-    #: Set while Celery terminates this run (revoke(terminate=True)): see terminate().
+    #: Set while Celery announces this run terminated (revoke(terminate=True)).
     leader_terminating = False
     #: Set when the gate handed this request to the pool.
     leader_dispatched = False

@@ -19,7 +19,7 @@ from celery_leader.tasks.occurrence_record import OccurrenceRecord
 from celery_leader.worker.occurrences import state_key
 from harness.servers import free_port
 from tests.integration.test_metrics_worker import sample, scrape
-from tests.integration.test_overlap import runs, state_of, wait_state
+from tests.integration.test_overlap import runs, state_of, wait_log, wait_state
 
 TASK = "tests.integration.leaderapp"
 # Slots of now: the record forgets slots older than 24 h (two periods here) on its own.
@@ -138,15 +138,6 @@ def test_a_run_that_raised_does_not_count_and_early_ack_tasks_are_deduplicated_t
     assert wait_state(cluster, rerun.id, {"SUCCESS"})[0] == "SUCCESS"
     for skipped in (third, meanwhile, after):
         assert ran(cluster, skipped.id) == 0
-
-
-def wait_log(worker, text: str, timeout: float = 15) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if text in worker.text():
-            return True
-        time.sleep(0.1)
-    return text in worker.text()
 
 
 @pytest.mark.slow

@@ -41,6 +41,16 @@ def state_of(cluster, task_id: str) -> tuple[str, object]:
     return meta["status"], meta["result"]
 
 
+def wait_log(worker, text: str, timeout: float = 15) -> bool:
+    """True once *text* appears in *worker*'s log (within *timeout*)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in worker.text():
+            return True
+        time.sleep(0.1)
+    return text in worker.text()
+
+
 def wait_state(cluster, task_id: str, wanted: set[str], timeout: float = 15) -> tuple[str, object]:
     """The task's stored state once it is one of *wanted*, or as it is after *timeout*.
 
@@ -267,12 +277,14 @@ def test_a_run_celery_terminates_holds_its_key_until_its_process_ends(overlap_cl
     only once the run ended, never beside it."""
     cluster = overlap_cluster
     cluster.start(1, extra=["-c", "3"])
-    cluster.leader_worker()
+    leader = cluster.leader_worker()
     stubborn = cluster.send("overlap_stubborn", 2.5, "job")
     cluster.wait_history(runs, 10)
     waiting = cluster.send("overlap_stubborn", 0.1, "job")
     time.sleep(0.3)  # the second message reached the gate and waits for the key
     cluster.client.control.revoke(stubborn.id, terminate=True)
+    # Logged only for a run still going when the revoke arrived (one that ended is not).
+    assert wait_log(leader, f"Terminating {stubborn.id}"), "Celery terminated the run"
     rows = cluster.wait_history(lambda r: len(runs(r, "end")) >= 2, 15)
     assert [r["task_id"] for r in runs(rows)] == [stubborn.id, waiting.id]
     assert_one_run_at_a_time(rows)
