@@ -52,6 +52,7 @@ SERIAL = (
     "tests/integration/test_worker_config.py::test_eta_leader_message_is_handed_back_on_step_down",
     # The old leader must stop within ttl + 0.5 s (ttl 1 s) of its database file's replacement.
     "tests/stores/test_sqlite_faults.py::test_file_replaced_under_a_leader_never_splits_the_election",
+    "tests/stores/test_sqlite_faults.py::test_backup_moved_in_after_a_process_recreated_the_file",
     # A handover within 1 s of the release, and a first leader, in a demo of four processes.
     "tests/test_demo.py::test_quick_demo_shows_failover_and_handover",
 )

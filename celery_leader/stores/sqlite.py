@@ -51,6 +51,19 @@ What it assumes, and what happens when that does not hold:
   it with SQLite's backup API while workers run is not: tokens still rise
   (wall clock), but the next holder does not hold off, and a copy written
   under a running process may corrupt the database.
+* **Move a backup into place only with its old ``-wal`` and ``-shm`` files
+  gone.** The database runs in WAL mode, and SQLite reads the ``-wal`` file
+  beside the path as part of whatever file the path names: moved over the
+  live file with the old ``-wal`` still there, the backup is read with the
+  running processes' last writes laid over it. Removing all three files and
+  then moving the backup in (``rm leader.db*; mv backup.db leader.db``)
+  leaves a window: a running process that opens the path between the two
+  commands creates a new database there, and its ``-wal`` file stays beside
+  the moved backup, which is then read mixed with that new database. The
+  store still sees a file that is not the one its counter recorded and
+  holds off one ttl, but the mix may also read as malformed, and then every
+  operation fails until the files are removed again. To restore a backup
+  without that window, stop the workers (and beat) first.
 * **A release during a hold-off would pass nothing on** (the next holder
   would not wait out the rest), so the lease manager never releases a term
   in its hold-off: it leaves the lease to expire (celery_leader/lease.py).

@@ -163,6 +163,48 @@ def test_file_replaced_under_a_leader_never_splits_the_election(db, groups, how)
     check_takeover_after(history, replaced_at, before)
 
 
+def test_backup_moved_in_after_a_process_recreated_the_file_never_splits(db, groups):
+    """``rm leader.db*``, a running process opens the path and writes (a new database and
+    its ``-wal``), then the backup is moved in: SQLite reads the backup mixed with that
+    ``-wal`` (the store's docstring says so). The election must still not split: the old
+    leader stops within its validity, and whoever leads afterwards held off one ttl with a
+    higher token (the mix may also read as malformed; then nobody leads, which is safe).
+    """
+    url = url_of(db)
+    warm_store(url)
+    backup = db.parent / "backup.db"
+    history = History()
+    old = Group(url, history).add("a", "b")
+    groups.append(old)
+    leader = old.wait_leader(TTL * 2 + 3)
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"VACUUM INTO '{backup}'")
+    leader.step_down(sit_out=TTL * 3)
+    leader = old.wait_leader(TTL * 2 + 3, exclude=leader)
+    time.sleep(0.2)
+    before = [t.token for t in history.terms()]
+    remove_database(db)
+    # A running process between the two commands: it creates the file and writes.
+    between = open_store(url, timeout=TIMING.op_timeout)
+    between.acquire("other", Holder.for_this_process("between"), TTL)
+    assert Path(f"{db}-wal").exists(), "the process in between left a -wal beside the path"
+    os.replace(backup, db)
+    replaced_at = celery_leader.clock.now()
+    new = Group(url, history).add("c", "d")
+    groups.append(new)
+    try:
+        assert wait_for(lambda: not leader.is_leader(), TTL + 0.5), "the old leader stops"
+        wait_for(lambda: any(t.start > replaced_at for t in history.terms()), TTL * 3 + 3)
+        time.sleep(TTL)
+    finally:
+        between.close()
+    assert history.overlaps() == []
+    after = [t for t in history.terms() if t.start > replaced_at]
+    if after:
+        assert after[0].start - replaced_at >= TTL * 0.95, "the new holder held off one ttl"
+        assert min(t.token for t in after) > max(before), "tokens after exceed all before"
+
+
 def test_lease_row_deleted_makes_the_next_holder_wait(db, groups):
     """An operator's DELETE of the lease row before its end: the next holder holds off one ttl."""
     url = url_of(db)
