@@ -62,6 +62,7 @@ from celery_leader.worker.overlap import RUN as OVERLAP_RUN
 from celery_leader.worker.overlap import SKIPPED, WAIT, Overlaps, store_result
 from celery_leader.worker.redelivery import (
     DROP,
+    PARK,
     RUN,
     Redeliveries,
     describe_parking,
@@ -386,7 +387,7 @@ class Coordinator:
             )
             request.acknowledge()
             return False
-        logger.warning(describe_parking(request))
+        (logger.warning if verdict == PARK else logger.info)(describe_parking(request, verdict))
         self._park(request)
         return False
 
@@ -494,7 +495,7 @@ class Coordinator:
         if copies:
             self.post(
                 lambda: release_copies(
-                    copies, outcome, redispatch=self._redispatch, unpark=self._unpark
+                    copies, outcome, run=request, redispatch=self._redispatch, unpark=self._unpark
                 )
             )
         waiting = self.overlaps.settle(request) if request.leader_overlap_key is not None else []

@@ -25,9 +25,11 @@ message delivered again (the same task id and tag) whose earlier delivery:
 * **completed or was superseded here recently** (the last
   :data:`REMEMBERED` messages) is acknowledged without running.
 
-Another message under the same task id (a retry, a replacement, or one sent
-again on purpose) has a delivery tag of its own, and runs as any message
-does.
+Another message under the same task id (a retry, a replacement, one sent
+again on purpose, or a publisher's retry whose first attempt landed too) has
+a delivery tag of its own and runs as any message does, but not beside a run
+of that task id here: it *waits* for the run, as a parked copy does, and
+goes through the gate again when the run settles, whatever its outcome.
 
 Assumptions and limits: the record is in the worker's main process only.
 A copy that reaches another worker (after a failover, or a restart of this
@@ -57,8 +59,9 @@ logger = logging.getLogger(__name__)
 #: How many settled messages each worker remembers, newest kept.
 REMEMBERED = 4096
 
-#: What the gate does with a message: run it, park it, or drop it (acknowledged, not run).
-RUN, PARK, DROP = "run", "park", "drop"
+#: What the gate does with a message: run it, park it (a copy of a running message), let it
+#: wait (another message of a running task id), or drop it (acknowledged, not run).
+RUN, PARK, WAIT, DROP = "run", "park", "wait", "drop"
 #: How a run settled: the copies that waited are dropped after the first two, run after the last.
 COMPLETED, SUPERSEDED, FAILED = "completed", "superseded", "failed"
 
@@ -75,22 +78,28 @@ class Redeliveries:
     def __init__(self, remembered: int = REMEMBERED) -> None:
         self._lock = threading.Lock()
         self._running: dict[tuple[str, Any], weakref.ref[Any]] = {}
+        #: The message of each task id that runs here (a key of ``_running``).
+        self._running_ids: dict[str, tuple[str, Any]] = {}
         self._parked: dict[tuple[str, Any], list[Any]] = {}
         self._done: OrderedDict[tuple[str, Any], None] = OrderedDict()
         self._remembered = remembered
 
     def admit(self, request: Any) -> str:
-        """:data:`RUN` (now recorded as running), :data:`PARK` (kept here) or :data:`DROP`."""
+        """What the gate does with *request*: RUN (now recorded), PARK or WAIT (kept), DROP."""
         key = message_key(request)
         with self._lock:
             if key in self._done:
                 return DROP
+            running_key, verdict = key, PARK
             ref = self._running.get(key)
+            if ref is None and (other := self._running_ids.get(key[0])) is not None:
+                running_key, verdict, ref = other, WAIT, self._running.get(other)
             original = ref() if ref is not None else None
             if original is not None and original is not request and not _settled(original):
-                self._parked.setdefault(key, []).append(request)
-                return PARK
+                self._parked.setdefault(running_key, []).append(request)
+                return verdict
             self._running[key] = weakref.ref(request)
+            self._running_ids[key[0]] = key
             return RUN
 
     def settle(self, request: Any, outcome: str) -> list[Any]:
@@ -104,6 +113,8 @@ class Redeliveries:
             if ref is None or ref() is not request:
                 return []
             del self._running[key]
+            if self._running_ids.get(key[0]) == key:
+                del self._running_ids[key[0]]
             if outcome != FAILED:
                 self._done[key] = None
                 while len(self._done) > self._remembered:
@@ -125,17 +136,21 @@ def release_copies(
     copies: list[Any],
     outcome: str,
     *,
+    run: Any,
     redispatch: Callable[[Any], None],
     unpark: Callable[[Any], None],
 ) -> None:
-    """Settle the copies that waited for a run: acknowledge them, or send them to the gate again.
+    """Settle what waited for *run*: acknowledge its copies, or send them to the gate again.
 
-    *unpark* gives back the prefetch slot a parked copy was lent;
-    *redispatch* hands a copy to the worker again (loop thread).
+    Copies of *run*'s own message run again only when it failed; other
+    messages of its task id (a delivery tag of their own) always go to the
+    gate again. *unpark* gives back the prefetch slot a parked copy was
+    lent; *redispatch* hands a copy to the worker again (loop thread).
     """
+    own = message_key(run)
     for copy in copies:
         unpark(copy)
-        if outcome == FAILED:
+        if outcome == FAILED or message_key(copy) != own:
             redispatch(copy)
             continue
         logger.info(
@@ -147,8 +162,13 @@ def release_copies(
         copy.acknowledge()
 
 
-def describe_parking(request: Any) -> str:
-    """The log line for a copy that waits for its run."""
+def describe_parking(request: Any, verdict: str = PARK) -> str:
+    """The log line for a copy (:data:`PARK`) or a message (:data:`WAIT`) that waits for a run."""
+    if verdict == WAIT:
+        return (
+            f"celery-leader: {request.humaninfo()} is another message of a task id that runs "
+            "here; it waits for that run and then goes through the gate"
+        )
     return (
         f"celery-leader: {request.humaninfo()} was delivered again while it runs here (the "
         "broker's visibility timeout passed); the copy waits for that run and runs only if "

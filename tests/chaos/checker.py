@@ -45,9 +45,13 @@ Never allowed:
 * a **run never ended**: neither an end row nor a gone row (the runner takes
   a last look at every pid before it kills the workers, so every run has one
   or the other);
-* a **message run again while it ran**: a second run of one message starting
-  before an earlier run of it ended (a broker's redelivery after its
-  visibility timeout, started beside the run instead of waiting for it).
+* a **message run again while it ran**: a second run of one message (one
+  task id) starting before an earlier run of it ended (a broker's
+  redelivery after its visibility timeout, started beside the run instead
+  of waiting for it). Two messages of one index are not one message: the
+  runner sends an index again, under a new task id, when its send raised
+  (the broker restarting), and the first send may have landed all the same;
+  those two may run side by side, and count as a duplicate.
   Exempt, as above: an earlier run in a worker whose whole process group was
   frozen during it;
 * **overlapping runs of one key**: two runs of a task with an overlap policy,
@@ -254,13 +258,13 @@ def check(rows: list[dict[str, Any]], sent: int, freezes: Iterable[Freeze] = ())
             summary.never_ended.append(row)
             continue
         end, how = ended
-        for earlier, earlier_end in runs_of_message[row.get("i")]:
+        for earlier, earlier_end in runs_of_message[row["task_id"]]:
             if earlier_end > row["at"] and not _frozen_during(freezes, earlier, earlier_end):
                 summary.rerun_while_running.append(
                     {**row, "earlier_pid": earlier.get("pid"), "earlier_ended": earlier_end}
                 )
                 break
-        runs_of_message[row.get("i")].append((row, end))
+        runs_of_message[row["task_id"]].append((row, end))
         summary.killed += how == "gone"
     _check_keys(summary, starts, ends, freezes)
     counts = Counter(r["i"] for r in starts)

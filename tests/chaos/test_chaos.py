@@ -229,6 +229,21 @@ def test_checker_names_a_message_run_again_while_it_ran():
     assert frozen.rerun_while_running == [], "a frozen worker's run is judged by fencing only"
 
 
+def test_checker_takes_an_index_sent_again_under_a_new_task_id_for_a_second_message():
+    """The runner sends an index again (a new task id) when its send raised; the first send
+    may have landed too. Those two messages may run side by side: a duplicate, not a rerun."""
+    rows = [
+        row("start", 0, 5, 1.0, pid=10, worker="w1"),
+        {**row("start", 0, 5, 1.5, pid=11, worker="w1"), "task_id": "t0-sent-again"},
+        row("end", 0, 5, 2.0, pid=10),
+        {**row("end", 0, 5, 2.5, pid=11), "task_id": "t0-sent-again"},
+    ]
+    summary = check(rows, 1)
+    assert summary.rerun_while_running == []
+    assert summary.duplicates == 1
+    assert not summary.violations()
+
+
 def test_checker_judges_each_election_on_its_own():
     """Tokens of two elections interleave freely; within one, the rules hold as before."""
     rows = [

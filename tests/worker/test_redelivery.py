@@ -11,8 +11,10 @@ from celery_leader.worker.redelivery import (
     PARK,
     RUN,
     SUPERSEDED,
+    WAIT,
     Redeliveries,
     outlasting_tasks,
+    release_copies,
     visibility_timeout,
 )
 
@@ -32,6 +34,12 @@ class Message:
     def __init__(self, task_id, tag="tag-1"):
         self.id, self.acknowledged = task_id, False
         self._message = Delivery(tag)
+
+    def acknowledge(self):
+        self.acknowledged = True
+
+    def humaninfo(self):
+        return f"task[{self.id}]"
 
 
 def test_a_copy_waits_for_its_run_and_is_dropped_when_the_run_completed():
@@ -110,28 +118,48 @@ def test_the_warning_names_leader_tasks_that_may_outlast_the_visibility_timeout(
     assert outlasting_tasks(app, tasks) == (60.0, [too_long.name])
 
 
-def test_a_run_that_retried_or_was_replaced_drops_its_copies_and_its_retry_runs():
-    """The retry (or the replacement) is another message under the same id: it runs."""
+def test_a_run_that_retried_or_was_replaced_drops_its_copies_and_its_retry_runs_after_it():
+    """The retry (or the replacement) is another message under the same id: it waits for the
+    run it replaces, then goes through the gate again and runs."""
     runs = Redeliveries()
     original, copy = Message("r"), Message("r")
     assert runs.admit(original) == RUN
     assert runs.admit(copy) == PARK
     retry = Message("r", tag="tag-2")
-    assert runs.admit(retry) == RUN, "the retry's own message runs, even before the first settles"
-    assert runs.settle(original, SUPERSEDED) == [copy]
+    assert runs.admit(retry) == WAIT, "not beside the run it replaces"
+    assert runs.settle(original, SUPERSEDED) == [copy, retry]
+    acknowledged, redispatched = release(original, [copy, retry], SUPERSEDED)
+    assert (acknowledged, redispatched) == ([copy], [retry])
+    assert runs.admit(retry) == RUN, "through the gate again, it runs"
     assert runs.admit(Message("r")) == DROP, "a later copy of the first message"
     assert runs.admit(Message("r", tag="tag-2")) == PARK, "a copy of the retry waits for it"
 
 
-def test_a_message_sent_again_on_purpose_under_the_same_id_runs():
-    """Only a broker's redelivery (same tag) is a copy: a new message with a chosen id runs."""
-    runs = Redeliveries()
-    first = Message("fixed")
-    assert runs.admit(first) == RUN
-    assert runs.admit(Message("fixed", tag="tag-2")) == RUN, "beside the first, as sent"
-    runs.settle(first, COMPLETED)
-    assert runs.admit(Message("fixed", tag="tag-3")) == RUN, "after it, as sent"
-    assert runs.admit(Message("fixed")) == DROP, "a redelivery of the completed one does not"
+def test_a_message_sent_again_under_the_same_id_runs_after_the_run_never_beside_it():
+    """Only a broker's redelivery (same tag) is a copy: another message under the id (sent
+    again on purpose, or twice by a publisher's retry) runs, but after the run, whatever its
+    outcome."""
+    for outcome in (COMPLETED, SUPERSEDED, FAILED):
+        runs = Redeliveries()
+        first = Message("fixed")
+        assert runs.admit(first) == RUN
+        second, its_copy = Message("fixed", tag="tag-2"), Message("fixed", tag="tag-2")
+        assert runs.admit(second) == WAIT, "not beside the first"
+        assert runs.admit(its_copy) == WAIT, "its copy too"
+        assert runs.settle(first, outcome) == [second, its_copy]
+        assert release(first, [second, its_copy], outcome) == ([], [second, its_copy])
+        assert runs.admit(second) == RUN, "after it, as sent"
+        assert runs.admit(its_copy) == PARK, "the copy, back at the gate, waits for it"
+        copy_of_first = runs.admit(Message("fixed"))
+        # Failed, the first message runs again, after the task id's run that goes on now.
+        assert copy_of_first == (WAIT if outcome == FAILED else DROP)
+
+
+def release(run, copies, outcome):
+    """What release_copies does with *copies* of *run*: (acknowledged, sent to the gate)."""
+    redispatched: list = []
+    release_copies(copies, outcome, run=run, redispatch=redispatched.append, unpark=lambda _: None)
+    return [c for c in copies if c.acknowledged], redispatched
 
 
 def test_retry_ignore_and_reject_hand_the_message_on_while_other_errors_fail():
