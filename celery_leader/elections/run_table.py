@@ -30,7 +30,7 @@ kill, the parent's, a hard time limit, the OOM killer) leaves its slot torn:
   it starts (a run's end is written by the process whose start named it
   already), so a reader that finds a slot torn for good knows who tore it.
   A writer that is gone left nothing running. A writer that still runs is
-  inside :meth:`RunTable.enter` or :meth:`RunTable.leave`, before or after
+  inside :meth:`SlotWriter.enter` or :meth:`SlotWriter.leave`, before or after
   a run's body and never in it (a run checks its term again after
   ``enter``), so it is reported as a run of every term of its election
   (:data:`EVERY_TERM`) that the release guard waits for, without the
@@ -132,43 +132,14 @@ class RunTable:
 
     # -- slots (each written by its own child) --------------------------------
 
-    def _write(  # noqa: PLR0917 - positional: called twice per leader run
-        self,
-        index: int,
-        pid: int,
-        token: int,
-        flags: int,
-        started: int,
-        election: int = 0,
-        writer: tuple[int, int] | None = None,
-    ) -> None:
-        """Write slot *index*, after naming *writer* (the calling process's pid and start time).
-
-        With *writer* None the slot's writer fields are left as they are
-        (:meth:`leave`: they name the caller already, whose :meth:`enter`
-        wrote them; only the child of that pool index writes the slot).
-        """
-        offset = index * _SLOT.size
-        words, at = self._words, index * _SLOT_WORDS
-        if pid:
-            self._occupied[index] = 1
-        seq = words[at]
-        # Odd whatever parity an earlier writer killed mid-write left behind.
-        begin = seq + 1 if seq % 2 == 0 else seq + 2
-        if writer is not None:
-            _WRITER.pack_into(self._slots, offset + _SEQ.size, *writer, election)
-        words[at] = begin  # odd: write in progress
-        body_at = offset + _SEQ.size + _WRITER.size
-        _BODY.pack_into(self._slots, body_at, pid, token, flags, started, election)
-        words[at] = begin + 1
-        if not pid:
-            self._occupied[index] = 0
+    def writer(self, index: int, pid: int, started: int) -> SlotWriter:
+        """What process *pid* (started at *started*), pool child *index*, writes: see SlotWriter."""
+        return SlotWriter(self, index, pid, started)
 
     def enter(self, index: int, token: int, *, terminate: bool, election: int = 0) -> None:
         """Record that the calling process (pool child *index*) runs *election*'s term *token*."""
-        flags = _TERMINATE if terminate else 0
-        pid, started = procinfo.own_pid(), procinfo.own_start_time()
-        self._write(index, pid, token, flags, started, election, (pid, started))
+        own = self.writer(index, procinfo.own_pid(), procinfo.own_start_time())
+        own.enter(token, terminate=terminate, election=election)
 
     def leave(self, index: int, election: int = 0) -> None:
         """Record that the leader run of pool child *index* (of *election*) ended.
@@ -176,7 +147,20 @@ class RunTable:
         Called by the process whose :meth:`enter` recorded the run, so the
         slot's writer fields already name it.
         """
-        self._write(index, 0, 0, 0, 0, election)
+        self.writer(index, procinfo.own_pid(), 0).leave(election)
+
+    def _write(  # noqa: PLR0917 - the slot's fields, in their order
+        self, index: int, pid: int, token: int, flags: int, started: int, election: int = 0
+    ) -> None:
+        """Write slot *index* as process *pid* would: a run's start, or with *pid* 0 its end.
+
+        Tests plant the runs of other processes with it.
+        """
+        slot = self.writer(index, pid, started)
+        if pid:
+            slot.enter(token, terminate=bool(flags & _TERMINATE), election=election)
+        else:
+            slot.leave(election)
 
     def _read(self, index: int) -> tuple[bool, Run | None]:
         """One read of slot *index*: (consistent, its run); not consistent mid-write."""
@@ -254,3 +238,64 @@ class RunTable:
             if (killed_pid, killed_token, killed_election) == (pid, token, election):
                 return True
         return False
+
+
+class SlotWriter:
+    """One pool child's writes to its own slot: a run's start and its end.
+
+    The slot's place and the writer's identity (pid, start time) are worked
+    out once, when the writer is made (:meth:`RunTable.writer`; a pool child
+    keeps its own, see :func:`celery_leader.term_end.in_run.watch_run`). A
+    run's start and end come at a pool child's coldest moment (it slept
+    until its job came), where each lookup costs a cache miss: what is left
+    per run is two word writes around one or two struct writes.
+
+    The write protocol (see the module docstring): the sequence number goes
+    odd, the body is written, the number goes even. The first odd number is
+    the next one after whatever the slot holds, so a slot left odd by a
+    writer killed mid-write reads whole after the next write. A start names
+    its writer before the number goes odd; an end leaves the writer fields,
+    which the start of the same run wrote.
+    """
+
+    __slots__ = (
+        "_body_at",
+        "_occupied",
+        "_seq_at",
+        "_slots",
+        "_words",
+        "_writer_at",
+        "index",
+        "pid",
+        "started",
+    )
+
+    def __init__(self, table: RunTable, index: int, pid: int, started: int) -> None:
+        self.index, self.pid, self.started = index, pid, started
+        offset = index * _SLOT.size
+        self._words, self._seq_at = table._words, index * _SLOT_WORDS
+        self._slots, self._occupied = table._slots, table._occupied
+        self._writer_at = offset + _SEQ.size
+        self._body_at = self._writer_at + _WRITER.size
+
+    def enter(self, token: int, *, terminate: bool, election: int) -> None:
+        """Record that this writer runs *election*'s term *token*."""
+        words, at, pid, started = self._words, self._seq_at, self.pid, self.started
+        self._occupied[self.index] = 1
+        seq = words[at]
+        begin = seq + 1 if seq % 2 == 0 else seq + 2
+        _WRITER.pack_into(self._slots, self._writer_at, pid, started, election)
+        words[at] = begin  # odd: write in progress
+        flags = _TERMINATE if terminate else 0
+        _BODY.pack_into(self._slots, self._body_at, pid, token, flags, started, election)
+        words[at] = begin + 1
+
+    def leave(self, election: int) -> None:
+        """Record that the run this writer entered ended."""
+        words, at = self._words, self._seq_at
+        seq = words[at]
+        begin = seq + 1 if seq % 2 == 0 else seq + 2
+        words[at] = begin  # odd: write in progress
+        _BODY.pack_into(self._slots, self._body_at, 0, 0, 0, 0, election)
+        words[at] = begin + 1
+        self._occupied[self.index] = 0

@@ -13,9 +13,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from celery_leader.elections.procinfo import own_pid
-from celery_leader.elections.run_table import RUN_SLOTS
-from celery_leader.elections.shared_lease import SharedLease
+from celery_leader.elections.procinfo import own_pid, own_start_time
+from celery_leader.elections.run_table import RUN_SLOTS, RunTable, SlotWriter
+from celery_leader.elections.shared_lease import SharedLease, SharedLeases
 from celery_leader.term_end import requeues_stopped_run
 
 logger = logging.getLogger(__name__)
@@ -46,11 +46,7 @@ class TermOverError(RunRefusedError):
 
 
 def pool_child_index() -> int | None:
-    """The billiard pool index of the calling process, or None outside a prefork child.
-
-    Read at every run (a fraction of a microsecond): a cache would outlive a
-    change of the process's index that a pool never makes, but tests do.
-    """
+    """The billiard pool index of the calling process, or None outside a prefork child."""
     global _current_process  # noqa: PLW0603 - imported once, on the first run
     try:
         if _current_process is None:
@@ -66,9 +62,41 @@ def pool_child_index() -> int | None:
 #: billiard's ``current_process``, once a run asked (an import statement per run costs).
 _current_process: Callable[[], Any] | None = None
 
+#: This pool child's writer of its run-table slot, with the pid and the table it is for:
+#: made at its first leader run, made again in a fork (a new pid) or for another table.
+_own_slot: tuple[int, RunTable, SlotWriter] | None = None
 
-def watch_run(shared: SharedLease, token: int, *, terminate: bool) -> int | None:
-    """Record this leader run (in a prefork child), then check its term; its slot index, or None.
+
+def _slot_writer(group: SharedLeases) -> SlotWriter | None:
+    """The calling pool child's writer of its slot in *group*'s run table; None outside one.
+
+    Kept for the process once its start time is known (an unknown one is
+    read again at the next run, never cached as 0). A pool child's index
+    does not change while it lives. Raises :class:`UnwatchableRunError` past
+    the table.
+    """
+    global _own_slot  # noqa: PLW0603 - one writer per process, reset by a fork's new pid
+    pid = own_pid()
+    found = _own_slot
+    if found is not None and found[0] == pid and found[1] is group.runs:
+        return found[2]
+    index = pool_child_index()
+    if index is None or pid == group.owner_pid:
+        return None
+    if index >= RUN_SLOTS:
+        raise UnwatchableRunError(
+            f"pool process index {index} is past the run table's {RUN_SLOTS} slots "
+            "(the pool was grown at run time); this process runs no leader work"
+        )
+    started = own_start_time()
+    writer = group.runs.writer(index, pid, started)
+    if started:
+        _own_slot = (pid, group.runs, writer)
+    return writer
+
+
+def watch_run(shared: SharedLease, token: int, *, terminate: bool) -> SlotWriter | None:
+    """Record this leader run (in a prefork child), then check its term; its slot's writer, or None.
 
     Every policy is recorded, so that the release guard sees the run even
     before the parent does; only *terminate* runs are killed by the
@@ -81,28 +109,21 @@ def watch_run(shared: SharedLease, token: int, *, terminate: bool) -> int | None
     past the table (a pool grown at run time by ``pool_grow`` or autoscale): a
     run neither kill layer could see must not start.
     """
-    index = pool_child_index()
     group = shared.group
-    if index is not None and own_pid() != group.owner_pid:
-        if index >= RUN_SLOTS:
-            raise UnwatchableRunError(
-                f"pool process index {index} is past the run table's {RUN_SLOTS} slots "
-                "(the pool was grown at run time); this process runs no leader work"
-            )
-        group.runs.enter(index, token, terminate=terminate, election=shared.election)
-    else:
-        index = None
+    writer = _slot_writer(group)
+    if writer is not None:
+        writer.enter(token, terminate=terminate, election=shared.election)
     deadline = shared.deadline_of(token)
     if deadline is None:
-        unwatch_run(shared, index)
+        unwatch_run(shared, writer)
         raise TermOverError("the lease ended before the run started")
-    if terminate and index is not None:
+    if terminate and writer is not None:
         # The watchdog sleeps until its next look; a term that ends sooner must wake it.
         group.nudge(deadline)
-    return index
+    return writer
 
 
-def unwatch_run(shared: SharedLease, index: int | None) -> None:
+def unwatch_run(shared: SharedLease, writer: SlotWriter | None) -> None:
     """The run recorded by :func:`watch_run` ended."""
-    if index is not None:
-        shared.group.runs.leave(index, shared.election)
+    if writer is not None:
+        writer.leave(shared.election)
