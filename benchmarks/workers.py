@@ -454,11 +454,12 @@ Where the cost goes (measured on 2026-11-27 on a 2-core AMD EPYC, not by
 this benchmark): most of it is in the pool child, which starts each run
 cold, because it sleeps between runs and the main process's work evicts its
 caches. Timers put in a pool child gave about 21 us per run before the body
-and 5 us after it. Of the 21 us, about 15 us go to recording the run in the
-run table and checking its term; the same code takes 2.3 us per run in a
-loop. With the child's checks skipped (an experiment, not a setting),
+and 5 us after it. Of the 21 us, about 15 us went to recording the run in the
+run table and checking its term (12 to 14 us since the child keeps its slot's
+writer, and 3.1 to 3.5 us after the body); the same code takes 2.3 us per run
+in a loop. With the child's checks skipped (an experiment, not a setting),
 leader-only no-ops ran at 0.995 of plain ones; with the main process's gate
-skipped, at 0.982. The cost per run is fixed: 25 us is 0.25 % of a 10 ms task.
+skipped, at 0.982. The cost per run is fixed: 30 us is 0.3 % of a 10 ms task.
 """
 
 
