@@ -154,7 +154,8 @@ class RunTable:
     ) -> None:
         """Write slot *index* as process *pid* would: a run's start, or with *pid* 0 its end.
 
-        Tests plant the runs of other processes with it.
+        Tests plant the runs of other processes with it. A start names *pid*
+        in the slot's writer fields, as a real start does.
         """
         slot = self.writer(index, pid, started)
         if pid:

@@ -62,6 +62,7 @@ from celery_leader.worker.overlap import RUN as OVERLAP_RUN
 from celery_leader.worker.overlap import SKIPPED, WAIT, Overlaps, store_result
 from celery_leader.worker.redelivery import (
     DROP,
+    FAILED,
     PARK,
     RUN,
     Redeliveries,
@@ -248,9 +249,17 @@ class Coordinator:
         self.sync_consumption()
 
     def detach(self) -> None:
-        """The consumer is stopping (shutdown or broker reconnect)."""
+        """The consumer is stopping (shutdown or broker reconnect).
+
+        The messages that waited for an overlap key never ran and come back
+        from the broker: the redelivery record forgets them as failed runs
+        (not acknowledged), so that what the broker delivers again of them,
+        under their task id, is not held behind a run that will never end.
+        """
         self.consumer = None
-        self.overlaps.forget_waiting()
+        for request in self.overlaps.forget_waiting():
+            if getattr(request, "leader_recorded", False):
+                self.redeliveries.settle(request, FAILED)
 
     def post(self, fn: Callable[[], None]) -> None:
         """Run *fn* on the consumer's loop thread; errors are logged, never raised there."""

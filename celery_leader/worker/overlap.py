@@ -154,16 +154,18 @@ class Overlaps:
             self._buffered.pop(key, None)
             return self._waiting.pop(key, [])
 
-    def forget_waiting(self) -> None:
+    def forget_waiting(self) -> list[Any]:
         """The broker connection is gone: the messages that waited come back from the broker.
 
         (Celery drops a consumer's unstarted requests on a reconnect; their
         acknowledgements could not reach the broker anyway.) The runs stay
-        recorded: they go on in the pool.
+        recorded: they go on in the pool. Returns the requests forgotten.
         """
         with self._lock:
+            forgotten = [request for waiting in self._waiting.values() for request in waiting]
             self._waiting.clear()
             self._buffered.clear()
+        return forgotten
 
     def running(self) -> int:
         """How many keys have a run in progress."""

@@ -247,3 +247,40 @@ def test_a_dead_watchdog_is_replaced_before_a_renewal_and_fails_health_until_the
     finally:
         monkeypatch.undo()
         coordinator.watchdog.stop()
+
+
+def test_a_reconnect_forgets_what_waited_for_a_key_also_in_the_redelivery_record():
+    """A message admitted by the redelivery record that then waited for an overlap key never
+    ran; after a reconnect the broker delivers it again (on AMQP under a new delivery tag).
+    That delivery must run, not wait behind a run that will never settle."""
+    from celery_leader.settings import load_settings
+    from celery_leader.tasks.overlap import Overlap
+    from celery_leader.worker.redelivery import RUN, WAIT
+
+    class Message:
+        def __init__(self, tag):
+            self.delivery_tag = tag
+
+    class Request:
+        def __init__(self, task_id, tag, parent_id=None):
+            self.id, self.parent_id, self.acknowledged = task_id, parent_id, False
+            self._message = Message(tag)
+            self.leader_recorded = False
+
+        def humaninfo(self):
+            return f"task[{self.id}]"
+
+    settings = load_settings({"leader_backend_url": "memory://reconnect"}, "t")
+    coordinator = coordinator_module.Coordinator(
+        settings, _memory_store(), nodename="n@h", pool_kind="prefork"
+    )
+    running, waiting = Request("a", "tag-a"), Request("b", "tag-b")
+    for request in (running, waiting):
+        assert coordinator.redeliveries.admit(request) == RUN
+        request.leader_recorded = True
+    assert coordinator.overlaps.admit(running, "key", Overlap.BUFFER_ONE) == RUN
+    assert coordinator.overlaps.admit(waiting, "key", Overlap.BUFFER_ONE) == WAIT
+    again = Request("b", "tag-b2")  # the broker's delivery after the reconnect
+    assert coordinator.redeliveries.admit(again) == WAIT, "before: held behind 'b'"
+    coordinator.detach()
+    assert coordinator.redeliveries.admit(Request("b", "tag-b3")) == RUN
