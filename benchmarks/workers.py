@@ -385,12 +385,8 @@ def throughput(tmp: Path, count: int, pairs: int = 8) -> dict[str, list[float]]:
         try:
             prime_store(cluster)
             env = {"LEADER_TTL": "30", "LEADER_VISIBILITY": "3600"}
-            (worker,) = cluster.start(1, extra=["-c", "2"], env=env)
-            deadline = time.monotonic() + 60
-            while not leads(worker):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the throughput worker did not lead")
-                time.sleep(0.05)
+            cluster.start(1, extra=["-c", "2"], env=env)
+            worker = cluster.leader_worker(timeout=60)
             first, second = ("plain", "leader") if index % 2 == 0 else ("leader", "plain")
             for kind in (first, second):
                 _block(cluster, worker, kind, WARM_UP)

@@ -126,6 +126,19 @@ def leader_name(group: Group, manager: LeaseManager) -> str:
     return next(n for n, m in group.managers.items() if m is manager)
 
 
+def back_up_then_hand_over(
+    db: Path, backup: Path, group: Group, leader: LeaseManager
+) -> LeaseManager:
+    """Copy the database to *backup*, then let one more term begin; its new leader.
+
+    The backup is then behind the latest term, as a restored one would be.
+    """
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"VACUUM INTO '{backup}'")
+    leader.step_down(sit_out=TTL * 3)
+    return group.wait_leader(TTL * 2 + 3, exclude=leader)
+
+
 @pytest.mark.parametrize("how", ["deleted", "restored-from-backup"])
 def test_file_replaced_under_a_leader_never_splits_the_election(db, groups, how):
     """The database file is deleted, or replaced by an older backup, while a leader leads.
@@ -142,11 +155,7 @@ def test_file_replaced_under_a_leader_never_splits_the_election(db, groups, how)
     groups.append(old)
     leader = old.wait_leader(TTL * 2 + 3)
     if how == "restored-from-backup":
-        with sqlite3.connect(db) as conn:
-            conn.execute(f"VACUUM INTO '{backup}'")
-        # One more term after the backup, so the backup is behind the latest one.
-        leader.step_down(sit_out=TTL * 3)
-        leader = old.wait_leader(TTL * 2 + 3, exclude=leader)
+        leader = back_up_then_hand_over(db, backup, old, leader)
     time.sleep(0.2)
     before = [t.token for t in history.terms()]
     remove_database(db)
@@ -176,11 +185,7 @@ def test_backup_moved_in_after_a_process_recreated_the_file_never_splits(db, gro
     history = History()
     old = Group(url, history).add("a", "b")
     groups.append(old)
-    leader = old.wait_leader(TTL * 2 + 3)
-    with sqlite3.connect(db) as conn:
-        conn.execute(f"VACUUM INTO '{backup}'")
-    leader.step_down(sit_out=TTL * 3)
-    leader = old.wait_leader(TTL * 2 + 3, exclude=leader)
+    leader = back_up_then_hand_over(db, backup, old, old.wait_leader(TTL * 2 + 3))
     time.sleep(0.2)
     before = [t.token for t in history.terms()]
     remove_database(db)
