@@ -126,6 +126,16 @@ def leader_name(group: Group, manager: LeaseManager) -> str:
     return next(n for n, m in group.managers.items() if m is manager)
 
 
+def processes_a_and_b(db: Path, groups: list[Group]) -> tuple[str, History, Group, LeaseManager]:
+    """Processes a and b on a warmed store at *db*, recorded in a new History; the leader."""
+    url = url_of(db)
+    warm_store(url)
+    history = History()
+    old = Group(url, history).add("a", "b")
+    groups.append(old)
+    return url, history, old, old.wait_leader(TTL * 2 + 3)
+
+
 def back_up_then_hand_over(
     db: Path, backup: Path, group: Group, leader: LeaseManager
 ) -> LeaseManager:
@@ -147,13 +157,8 @@ def test_file_replaced_under_a_leader_never_splits_the_election(db, groups, how)
     started afterwards opens the new one. The old leader must stop within its
     validity, the new holder must hold off one ttl, and tokens must rise.
     """
-    url = url_of(db)
-    warm_store(url)
+    url, history, old, leader = processes_a_and_b(db, groups)
     backup = db.parent / "backup.db"
-    history = History()
-    old = Group(url, history).add("a", "b")
-    groups.append(old)
-    leader = old.wait_leader(TTL * 2 + 3)
     if how == "restored-from-backup":
         leader = back_up_then_hand_over(db, backup, old, leader)
     time.sleep(0.2)
@@ -179,13 +184,9 @@ def test_backup_moved_in_after_a_process_recreated_the_file_never_splits(db, gro
     leader stops within its validity, and whoever leads afterwards held off one ttl with a
     higher token (the mix may also read as malformed; then nobody leads, which is safe).
     """
-    url = url_of(db)
-    warm_store(url)
+    url, history, old, leader = processes_a_and_b(db, groups)
     backup = db.parent / "backup.db"
-    history = History()
-    old = Group(url, history).add("a", "b")
-    groups.append(old)
-    leader = back_up_then_hand_over(db, backup, old, old.wait_leader(TTL * 2 + 3))
+    leader = back_up_then_hand_over(db, backup, old, leader)
     time.sleep(0.2)
     before = [t.token for t in history.terms()]
     remove_database(db)
