@@ -35,6 +35,7 @@ BENCHMARKS = [
     ("Lease core (Redis)", "benchmarks.lease", False),
     ("Workers end to end (Redis broker and store)", "benchmarks.workers", True),
     ("Instructions per leader-only run (callgrind)", "benchmarks.instructions", False),
+    ("A leader run in its pool child, warm and cold", "benchmarks.call_path", False),
     ("Azure Blob store (Azurite)", "benchmarks.azure", False),
     ("Every store beside Redis: Sentinel, PostgreSQL, etcd", "benchmarks.stores", False),
     ("Beat failover, side by side with RedBeat and single-beat", "benchmarks.beat", True),

@@ -446,16 +446,22 @@ processes of the same code differ from one another by more than the gate
 costs (plain runs alone spread by 20 % and more on a shared 2-core machine);
 blocks within one process spread by 2 % when the machine is quiet.
 
-Where the cost goes (measured on 2026-11-27 on a 2-core AMD EPYC, not by
-this benchmark): most of it is in the pool child, which starts each run
-cold, because it sleeps between runs and the main process's work evicts its
-caches. Timers put in a pool child gave about 21 us per run before the body
-and 5 us after it. Of the 21 us, about 15 us went to recording the run in the
-run table and checking its term (12 to 14 us since the child keeps its slot's
-writer, and 3.1 to 3.5 us after the body); the same code takes 2.3 us per run
-in a loop. With the child's checks skipped (an experiment, not a setting),
-leader-only no-ops ran at 0.995 of plain ones; with the main process's gate
-skipped, at 0.982. The cost per run is fixed: 30 us is 0.3 % of a 10 ms task.
+Where the cost goes (timers put in a worker on 2026-11-27, 2-core AMD EPYC,
+not by this benchmark; per leader-only message, in microseconds). In the pool
+child, 25 to 30 in all: the request's fields 3 to 4, finding the run's slot
+1.5 to 2.5, recording the run 4.6 to 6, reading its term and the lease clock
+5.5 to 8.4, the watchdog's wake-up time 2.2 to 2.8, marking the run for
+lease_lost() 2.3 to 3 and unmarking it 1.5 to 2.8, unrecording it 3.8 to 4.4.
+In the main process, 13 to 17: the gate 10 to 14 (the term's token and
+validity 4.4 to 8, the redelivery record 3.7 to 5.6, the task's gate profile
+1.5 to 3), settling the run at its acknowledgement about 2, the on_success
+wrapper under 1. Warm, the child's share takes 2 to 4 us
+(benchmarks.call_path): the cost is memory the checks touch, which a child
+that slept since its last run, and a main process busy with Celery's own
+work, find out of their caches. With the child's checks skipped (an
+experiment, not a setting), leader-only no-ops ran at 0.995 of plain ones;
+with the main process's gate skipped, at 0.982. The cost per run is fixed:
+45 us is 0.45 % of a 10 ms task.
 """
 
 
