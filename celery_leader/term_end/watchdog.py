@@ -209,6 +209,28 @@ class Watchdog:
             return False
         return self.last_pass_age() < STALE_AFTER
 
+    def passes_again(self, within: float = HEARTBEAT) -> bool:
+        """True when a watchdog that stopped passing (not :meth:`alive`) passes again, nudged.
+
+        A worker stopped whole (SIGSTOP of its process group, a frozen
+        container, a suspended host) finds its watchdog's last pass old
+        when it continues, though the watchdog continues with it: the
+        watchdog is woken and given *within* seconds (a live one passes at
+        once) to pass before it counts as dead. One that exited, or is still
+        stopped or stuck, does not pass. Waits at most *within* seconds.
+        """
+        if self.pid is None or process_ended(self.pid):
+            return False
+        before = self.passes()
+        self._wakeup.nudge(-math.inf)
+        deadline = time.monotonic() + within
+        while True:
+            if self.passes() != before and self.alive():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(WATCH_INTERVAL / 2)
+
     def restart(self) -> None:
         """End a watchdog that died or stopped passing, reap it, and fork a new one.
 

@@ -323,7 +323,12 @@ class Coordinator:
         return self.loop_busy_with_task()
 
     def watchdog_alive(self) -> bool:
-        """True when no watchdog is needed or it runs; a dead one is replaced first."""
+        """True when no watchdog is needed or it runs; a dead one is replaced first.
+
+        One that stopped passing is woken and given a moment first: stopped
+        with the worker (a frozen container, a suspended host), it continues
+        with it, perhaps later than this thread (Watchdog.passes_again).
+        """
         watchdog = self.watchdog
         if watchdog is None or watchdog.alive():
             return True
@@ -331,6 +336,11 @@ class Coordinator:
             return True  # the worker is going: runs are stopped by the shutdown itself
         with self._watchdog_lock:  # every election's manager thread asks: restart once
             if watchdog.alive():
+                return True
+            if watchdog.passes_again():
+                # Stopped with the worker (a frozen container, a suspended host) and
+                # continued with it, later than this thread.
+                logger.info("celery-leader: the run watchdog passes again after a stop")
                 return True
             logger.error("celery-leader: the run watchdog died; starting a new one")
             try:

@@ -4,7 +4,9 @@ Real ``celery worker`` processes (prefork) and real redis-servers:
 
 * a pool child killed mid-write of its run-table slot must not switch off
   the parent's kill and the watchdog for the next runs of that pool index;
-* a watchdog that died is noticed at the next renewal, not the next election;
+* a watchdog that died is noticed at the next renewal, not the next election,
+  and one that was only stopped with its worker (a frozen container, a
+  suspended host) is not taken for dead;
 * a leader task that runs longer than the Redis broker's visibility timeout
   is not started again while it runs, nor after it completed.
 """
@@ -83,6 +85,50 @@ def test_a_dead_watchdog_is_replaced_before_the_next_renewal(cluster_for):
     assert gone_at is not None, "the run kept running: no watchdog ended it"
     assert gone_at - stopped_at < TTL
     assert gone_at < new_start["at"], "the new leader ran leader work while the old run ran"
+
+
+@pytest.mark.slow
+def test_a_watchdog_stopped_with_its_worker_is_not_taken_for_dead(cluster_for):
+    """The whole worker is stopped past the watchdog's staleness limit, then continued.
+
+    As after ``docker pause``/``unpause`` or a host suspend: the watchdog
+    resumes with its worker. The main process is continued first (the order
+    the scheduler may pick), the watchdog 0.1 s later: it is not reported
+    dead nor replaced, and the worker leads again.
+    """
+    from celery_leader.term_end.watchdog import STALE_AFTER
+
+    cluster = cluster_for("redis")
+    (worker,) = cluster.start(1)
+    assert cluster.leader_worker() is worker
+    (first,) = watchdog_pids(worker)
+    worker.signal(signal.SIGSTOP)
+    try:
+        time.sleep(STALE_AFTER + 0.3)
+        for pid in [worker.proc.pid, *pool_children(worker.proc.pid, besides=first)]:
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(0.1)
+    finally:
+        worker.signal(signal.SIGCONT)
+    assert cluster.leader_worker(timeout=TTL * 3) is worker
+    time.sleep(TTL)  # renewals, each of which asks whether the watchdog is alive
+    assert watchdog_pids(worker) == [first], worker.text()[-2000:]
+    assert "the run watchdog died" not in worker.text()
+
+
+def pool_children(parent: int, besides: int) -> list[int]:
+    """The child processes of *parent*, but *besides*."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != besides:
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            if ppid == parent:
+                found.append(int(entry))
+    return found
 
 
 @pytest.mark.slow

@@ -425,6 +425,43 @@ def test_a_pool_child_past_the_run_table_refuses_leader_work(monkeypatch):
         watch_run(shared, 5, terminate=True)
 
 
+def test_a_watchdog_continued_after_a_stop_passes_again():
+    """Stopped past the staleness limit, then continued: nudged, it passes at once."""
+    from celery_leader.term_end.watchdog import STALE_AFTER
+
+    shared = SharedLease()
+    watchdog = Watchdog(shared, heartbeat=60)  # without the nudge it would sleep on
+    watchdog.start()
+    pid = watchdog.pid
+    assert pid is not None
+    try:
+        time.sleep(0.2)
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(STALE_AFTER + 0.2)
+        assert not watchdog.alive()
+        os.kill(pid, signal.SIGCONT)
+        started = time.monotonic()
+        assert watchdog.passes_again(within=5), "a continued watchdog did not pass when nudged"
+        assert time.monotonic() - started < 1.0
+        assert watchdog.alive() and watchdog.pid == pid
+    finally:
+        watchdog.stop()
+
+
+def test_a_watchdog_that_exited_never_passes_again():
+    """Gone is gone: passes_again() says so without waiting."""
+    shared = SharedLease()
+    watchdog = Watchdog(shared)
+    watchdog.start()
+    assert watchdog.pid is not None
+    os.kill(watchdog.pid, signal.SIGKILL)
+    os.waitpid(watchdog.pid, 0)
+    started = time.monotonic()
+    assert not watchdog.passes_again(within=5)
+    assert time.monotonic() - started < 1.0
+    watchdog.stop()
+
+
 def test_a_stopped_watchdog_counts_as_dead_and_is_replaced():
     """A SIGSTOPped watchdog exists but no longer passes; restart() ends and replaces it."""
     from celery_leader.term_end.watchdog import STALE_AFTER
@@ -442,6 +479,9 @@ def test_a_stopped_watchdog_counts_as_dead_and_is_replaced():
             time.sleep(0.05)
         assert not watchdog.alive(), "a watchdog that stopped passing still counted as alive"
         assert procinfo.start_time(stopped) is not None, "it still exists: only its passes stopped"
+        started = time.monotonic()
+        assert not watchdog.passes_again(within=0.3), "a stopped watchdog passed"
+        assert time.monotonic() - started >= 0.3
         watchdog.restart()
         assert watchdog.alive() and watchdog.pid != stopped
         assert procinfo.start_time(stopped) is None, "the stopped one was ended and reaped"
