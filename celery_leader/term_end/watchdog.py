@@ -209,7 +209,7 @@ class Watchdog:
             return False
         return self.last_pass_age() < STALE_AFTER
 
-    def passes_again(self, within: float = HEARTBEAT) -> bool:
+    def passes_again(self, within: float = STALE_AFTER / 2) -> bool:
         """True when a watchdog that stopped passing (not :meth:`alive`) passes again, nudged.
 
         A worker stopped whole (SIGSTOP of its process group, a frozen
