@@ -18,9 +18,13 @@ Two conditions:
 
 * **warm**: runs back to back; the code and data of the run stay in the
   CPU's caches.
-* **cold**: one run per wake-up. Between runs the child blocks on a pipe
-  while the parent walks a buffer larger than the caches, as a worker's
-  main process does between two dispatches; the kinds alternate run by run.
+* **cold**: one run per wake-up, the kinds alternating run by run. Between
+  runs the child blocks on a pipe while the parent writes an 8 MiB buffer:
+  more than a core's own caches, less than a shared L3 may hold. A stand-in
+  for the work a worker's main process (and the rest of the machine) does
+  between two dispatches, not a copy of it: the child finds its caches cold
+  when the scheduler puts it on the core the parent wrote from, cooler than
+  warm elsewhere.
 
 Why: the throughput ratio of ``benchmarks.workers`` moves by several percent
 with the machine's load; these figures need no worker, move less, and say
@@ -46,11 +50,14 @@ from celery.app.trace import build_tracer, setup_worker_optimizations
 
 from celery_leader import clock, leader_only
 from celery_leader.elections.shared_lease import SharedLease
+from celery_leader.elections.wakeup import _WAKE_AT, Wakeup
 from celery_leader.tasks import runtime
 
 KINDS = ("plain", "leader")
-#: What the parent walks between two cold runs (bytes): more than a 2-core machine's caches.
+#: What the parent writes between two cold runs (bytes): more than a core's own caches.
 EVICT_BYTES = 8 * 1024 * 1024
+#: Warm runs of one kind timed together.
+BLOCK = 500
 _RESULT = struct.Struct("=d")
 
 
@@ -100,10 +107,13 @@ def _as_pool_child() -> None:
 
 
 def warm(tracers: dict[str, Callable[[], Any]], runs: int) -> dict[str, float]:
-    """Microseconds per run of each kind, runs back to back (median of per-block means)."""
+    """Microseconds per run of each kind, runs back to back (median of per-block means).
+
+    *runs* is a multiple of :data:`BLOCK`.
+    """
     found: dict[str, list[float]] = {kind: [] for kind in KINDS}
-    block = 500
-    for index in range(max(1, runs // block)):
+    block = BLOCK
+    for index in range(runs // block):
         for kind in KINDS if index % 2 == 0 else KINDS[::-1]:
             run = tracers[kind]
             started = time.perf_counter_ns()
@@ -137,7 +147,7 @@ def cold(tracers: dict[str, Callable[[], Any]], runs: int) -> dict[str, float]:
     found: dict[str, list[float]] = {kind: [] for kind in KINDS}
     try:
         for index in range(2 * runs):
-            buffer[:] = source  # writes every cache line of the buffer: the caches go cold
+            buffer[:] = source  # every cache line of the buffer: this core's caches go cold
             kind = index % 2
             os.write(to_child, bytes([kind]))
             (took,) = _RESULT.unpack(os.read(from_child, _RESULT.size))
@@ -157,6 +167,10 @@ def measure(runs: int, rounds: int) -> dict[str, dict[str, list[float]]]:
     shared = SharedLease(election)
     shared.publish(5, clock.now() + 3600)
     shared.group.owner_pid = -1  # this process stands in for a pool child: its runs are recorded
+    # A watchdog's alarm, asleep until its next look (well before the term's end), as a
+    # pool child finds it: each terminate run reads when that is, and need not wake it.
+    wakeup = shared.group.wakeup = Wakeup()
+    _WAKE_AT.pack_into(wakeup._wake_at, 0, clock.now() + 1800)
     runtime.install_shared_lease(shared)
     _as_pool_child()
     tracers = make_tracers(election)
@@ -166,7 +180,7 @@ def measure(runs: int, rounds: int) -> dict[str, dict[str, list[float]]]:
         condition: {kind: [] for kind in KINDS} for condition in ("warm", "cold")
     }
     # Slot 0's sequence number goes up by 4 per recorded run (its start and its end, each
-    # written odd then even): leader runs here must pay what a pool child's pay.
+    # written odd then even): every leader run here must pay what a pool child's pays.
     sequence = shared.group.runs._words
     try:
         for _ in range(rounds):
@@ -174,7 +188,7 @@ def measure(runs: int, rounds: int) -> dict[str, dict[str, list[float]]]:
                 before = sequence[0]
                 for kind, cost in measure_one(tracers, runs).items():
                     found[condition][kind].append(cost)
-                if sequence[0] - before < 4:
+                if sequence[0] - before != 4 * runs:
                     raise RuntimeError(f"{condition}: leader runs went unrecorded in the run table")
     finally:
         runtime.install_shared_lease(None)
@@ -208,13 +222,12 @@ def report(found: dict[str, dict[str, list[float]]], runs: int) -> None:
 #: Printed under the table, so that docs/benchmarks.md keeps it.
 CALL_PATH_NOTE = """
 Warm, the checks of a leader-only run (record it in the run table, check its
-term in shared memory, mark it for lease_lost(), unrecord it) cost its pool
-child a few microseconds of instructions. Cold, the same checks cost ten
-times as much or more: each reaches memory the child's caches lost while it slept
-(here, while the parent walked a buffer larger than the caches). That is the
-per-run cost the throughput benchmark sees in a real worker, where a pool
-child sleeps between runs (timers put in such a child measured 25 to 30 us
-per leader run, on the same machine as the figures above)."""
+term in shared memory and the watchdog's next look, mark it for
+lease_lost(), unmark and unrecord it) cost its pool child a few
+microseconds. Cold, the same checks cost many times as much: they reach
+memory the child's caches lost while it waited. A pool child in a real
+worker waits between runs too; timers put in one (docs/benchmarks.md, the
+throughput section) measured 25 to 30 us per leader run there."""
 
 
 def main() -> None:
@@ -222,6 +235,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3000, help="runs of each kind per round")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
+    if args.runs <= 0 or args.runs % BLOCK:
+        parser.error(f"--runs: a positive multiple of {BLOCK}")
     report(measure(args.runs, args.rounds), args.runs)
 
 

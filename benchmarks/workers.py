@@ -455,13 +455,26 @@ lease_lost() 2.3 to 3 and unmarking it 1.5 to 2.8, unrecording it 3.8 to 4.4.
 In the main process, 13 to 17: the gate 10 to 14 (the term's token and
 validity 4.4 to 8, the redelivery record 3.7 to 5.6, the task's gate profile
 1.5 to 3), settling the run at its acknowledgement about 2, the on_success
-wrapper under 1. Warm, the child's share takes 2 to 4 us
+wrapper under 1. Warm, the child's share takes 2 to 6 us
 (benchmarks.call_path): the cost is memory the checks touch, which a child
 that slept since its last run, and a main process busy with Celery's own
 work, find out of their caches. With the child's checks skipped (an
 experiment, not a setting), leader-only no-ops ran at 0.995 of plain ones;
 with the main process's gate skipped, at 0.982. The cost per run is fixed:
 45 us is 0.45 % of a 10 ms task.
+
+Why the goal stays missed: what is left is the checks themselves, paid at
+each side's coldest moment. benchmarks.call_path's cold extra per leader run
+(median of 7 rounds, two runs of each build, 2026-11-27): 37 and 38 us as
+built; 8 and 10 us with the run's record, term check and unrecord skipped
+(an experiment: that benchmark refuses such a build); 33 and 39 us without
+the lease_lost() mark; 33 and 35 us without the watchdog's wake-up check;
+37 and 39 us against 39 and 45 us with one guard per election kept per
+process instead of the per-run lookups (in an earlier form of the
+benchmark). Each trim moved the figure by less than its spread from run to
+run, and the middle two would drop a guarantee (lease_lost() in the run; a
+kill within 10 ms of a term's end that comes before the watchdog's next
+look). None was made.
 """
 
 

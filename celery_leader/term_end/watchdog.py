@@ -30,6 +30,9 @@ WATCH_INTERVAL = 0.01
 #: A watchdog whose last pass is older than this (seconds) counts as dead: stopped
 #: (SIGSTOP), stuck, or starved so long that it would not end runs on time.
 STALE_AFTER = 1.0
+#: How long before the end of a published term a watchdog that stopped passing must be
+#: replaced at the latest (seconds): the time to end it and fork a new one, with room.
+RESTART_ROOM = 0.1
 #: The longest the watchdog sleeps with nothing to guard (seconds): it passes this
 #: often to show it is alive (well within STALE_AFTER) and to notice its worker is gone.
 HEARTBEAT = STALE_AFTER / 4
@@ -215,19 +218,33 @@ class Watchdog:
         A worker stopped whole (SIGSTOP of its process group, a frozen
         container, a suspended host) finds its watchdog's last pass old
         when it continues, though the watchdog continues with it: the
-        watchdog is woken and given *within* seconds (a live one passes at
-        once) to pass before it counts as dead. One that exited, or is still
-        stopped or stuck, does not pass. Waits at most *within* seconds.
+        watchdog is woken and given up to *within* seconds (a live one
+        passes at once) before it counts as dead. One that exited, or is
+        still stopped or stuck, does not pass.
+
+        The wait never reaches into the last :data:`RESTART_ROOM` seconds
+        of any term published in the group: a watchdog that does not pass
+        is then replaced while every published term is still valid, so no
+        run outlives its term for want of a watchdog. With less room than
+        that, it returns False at once.
         """
         if self.pid is None or process_ended(self.pid):
             return False
+        now = clock.now()
+        ends = min(
+            (until for _, until in map(SharedLease.read, self._shared) if until > now),
+            default=math.inf,
+        )
+        wait = min(within, ends - now - RESTART_ROOM)
+        if wait <= 0:
+            return False
         before = self.passes()
         self._wakeup.nudge(-math.inf)
-        deadline = time.monotonic() + within
+        deadline = now + wait
         while True:
             if self.passes() != before and self.alive():
                 return True
-            if time.monotonic() >= deadline:
+            if clock.now() >= deadline:
                 return False
             time.sleep(WATCH_INTERVAL / 2)
 

@@ -94,13 +94,17 @@ def test_a_watchdog_stopped_with_its_worker_is_not_taken_for_dead(cluster_for):
     As after ``docker pause``/``unpause`` or a host suspend: the watchdog
     resumes with its worker. The main process is continued first (the order
     the scheduler may pick), the watchdog 0.1 s later: it is not reported
-    dead nor replaced, and the worker leads again.
+    dead nor replaced, and the worker still leads. (A ttl of 6 s leaves the
+    term valid through the stop, so the wait for the watchdog has room; a
+    renewal is due every 0.5 s, so one is due the moment the worker goes on.)
     """
     from celery_leader.term_end.watchdog import STALE_AFTER
 
+    ttl = 6.0
     cluster = cluster_for("redis")
-    (worker,) = cluster.start(1)
-    assert cluster.leader_worker() is worker
+    env = {"LEADER_TTL": str(ttl), "LEADER_RENEW": "0.5", "LEADER_VISIBILITY": "30"}
+    (worker,) = cluster.start(1, env=env)
+    assert cluster.leader_worker(timeout=ttl + 10) is worker  # a new store: one ttl first
     (first,) = watchdog_pids(worker)
     worker.signal(signal.SIGSTOP)
     try:
@@ -110,10 +114,10 @@ def test_a_watchdog_stopped_with_its_worker_is_not_taken_for_dead(cluster_for):
         time.sleep(0.1)
     finally:
         worker.signal(signal.SIGCONT)
-    assert cluster.leader_worker(timeout=TTL * 3) is worker
-    time.sleep(TTL)  # renewals, each of which asks whether the watchdog is alive
+    time.sleep(1.0)  # renewals, each of which asks whether the watchdog lives
     assert watchdog_pids(worker) == [first], worker.text()[-2000:]
     assert "the run watchdog died" not in worker.text()
+    assert cluster.leader_worker() is worker
 
 
 def pool_children(parent: int, besides: int) -> list[int]:

@@ -453,13 +453,34 @@ def test_a_watchdog_that_exited_never_passes_again():
     shared = SharedLease()
     watchdog = Watchdog(shared)
     watchdog.start()
-    assert watchdog.pid is not None
-    os.kill(watchdog.pid, signal.SIGKILL)
-    os.waitpid(watchdog.pid, 0)
-    started = time.monotonic()
-    assert not watchdog.passes_again(within=5)
-    assert time.monotonic() - started < 1.0
-    watchdog.stop()
+    try:
+        assert watchdog.pid is not None
+        os.kill(watchdog.pid, signal.SIGKILL)
+        os.waitpid(watchdog.pid, 0)
+        started = time.monotonic()
+        assert not watchdog.passes_again(within=5)
+        assert time.monotonic() - started < 1.0
+    finally:
+        watchdog.stop()
+
+
+def test_waiting_for_a_watchdog_never_reaches_into_a_terms_last_moments():
+    """With a published term about to end, there is no room to wait: replace it now."""
+    from celery_leader.term_end.watchdog import RESTART_ROOM
+
+    shared = SharedLease()
+    watchdog = Watchdog(shared, heartbeat=60)
+    watchdog.start()
+    try:
+        time.sleep(0.1)
+        shared.publish(5, clock.now() + RESTART_ROOM / 2)
+        started = time.monotonic()
+        assert not watchdog.passes_again(within=5), "it waited into the term's last moments"
+        assert time.monotonic() - started < RESTART_ROOM
+        shared.publish(6, clock.now() + 30)  # room enough: the live watchdog passes, nudged
+        assert watchdog.passes_again(within=5)
+    finally:
+        watchdog.stop()
 
 
 def test_a_stopped_watchdog_counts_as_dead_and_is_replaced():
