@@ -166,6 +166,7 @@ def measure(runs: int, rounds: int) -> dict[str, dict[str, list[float]]]:
     election = f"callpath-{uuid.uuid4().hex[:6]}"
     shared = SharedLease(election)
     shared.publish(5, clock.now() + 3600)
+    shared._written = None  # read the shared memory, as a pool child does (not the writer's copy)
     shared.group.owner_pid = -1  # this process stands in for a pool child: its runs are recorded
     # A watchdog's alarm, asleep until its next look (well before the term's end), as a
     # pool child finds it: each terminate run reads when that is, and need not wake it.

@@ -465,16 +465,17 @@ with the main process's gate skipped, at 0.982. The cost per run is fixed:
 
 Why the goal stays missed: what is left is the checks themselves, paid at
 each side's coldest moment. benchmarks.call_path's cold extra per leader run
-(median of 7 rounds, two runs of each build, 2026-11-27): 37 and 38 us as
-built; 8 and 10 us with the run's record, term check and unrecord skipped
-(an experiment: that benchmark refuses such a build); 33 and 39 us without
-the lease_lost() mark; 33 and 35 us without the watchdog's wake-up check;
-37 and 39 us against 39 and 45 us with one guard per election kept per
-process instead of the per-run lookups (in an earlier form of the
-benchmark). Each trim moved the figure by less than its spread from run to
-run, and the middle two would drop a guarantee (lease_lost() in the run; a
-kill within 10 ms of a term's end that comes before the watchdog's next
-look). None was made.
+(medians of 5 to 7 rounds, 2026-11-27) moves between about 21 and 38 us
+from run to run of the same build. With the run's record, term check and unrecord
+skipped it fell to 8 and 10 us (two runs; that build drops both kill layers,
+and the benchmark refuses it). Smaller trims moved it by less than that
+spread: 33 and 39 us without the lease_lost() mark and 33 and 35 us without
+the watchdog's wake-up check, against 37 and 38 us as built (each drops a
+guarantee: lease_lost() in the run; a kill within 10 ms of a term's end that
+comes before the watchdog's next look); 37 and 39 us against 39 and 45 us
+with one guard per election kept per process instead of the per-run lookups
+(which keeps every check; measured with an earlier form of the benchmark).
+None was made.
 """
 
 

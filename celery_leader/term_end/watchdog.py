@@ -230,21 +230,20 @@ class Watchdog:
         """
         if self.pid is None or process_ended(self.pid):
             return False
-        now = clock.now()
-        ends = min(
-            (until for _, until in map(SharedLease.read, self._shared) if until > now),
-            default=math.inf,
-        )
-        wait = min(within, ends - now - RESTART_ROOM)
-        if wait <= 0:
-            return False
         before = self.passes()
         self._wakeup.nudge(-math.inf)
-        deadline = now + wait
+        started = clock.now()
         while True:
             if self.passes() != before and self.alive():
                 return True
-            if clock.now() >= deadline:
+            # Read again each time: a term published meanwhile may end sooner. A term that
+            # ended since the wait began still counts (a late wake-up must not forget it).
+            now = clock.now()
+            ends = min(
+                (until for _, until in map(SharedLease.read, self._shared) if until > started),
+                default=math.inf,
+            )
+            if now >= min(started + within, ends - RESTART_ROOM):
                 return False
             time.sleep(WATCH_INTERVAL / 2)
 

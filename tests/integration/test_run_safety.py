@@ -117,6 +117,7 @@ def test_a_watchdog_stopped_with_its_worker_is_not_taken_for_dead(cluster_for):
     time.sleep(1.0)  # renewals, each of which asks whether the watchdog lives
     assert watchdog_pids(worker) == [first], worker.text()[-2000:]
     assert "the run watchdog died" not in worker.text()
+    assert "lost the lead" not in worker.text(), "the term did not last through the stop"
     assert cluster.leader_worker() is worker
 
 

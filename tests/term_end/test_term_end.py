@@ -465,21 +465,30 @@ def test_a_watchdog_that_exited_never_passes_again():
 
 
 def test_waiting_for_a_watchdog_never_reaches_into_a_terms_last_moments():
-    """With a published term about to end, there is no room to wait: replace it now."""
+    """A stopped watchdog is waited for only until RESTART_ROOM before a published term ends."""
     from celery_leader.term_end.watchdog import RESTART_ROOM
 
     shared = SharedLease()
     watchdog = Watchdog(shared, heartbeat=60)
     watchdog.start()
+    pid = watchdog.pid
+    assert pid is not None
     try:
         time.sleep(0.1)
-        shared.publish(5, clock.now() + RESTART_ROOM / 2)
+        os.kill(pid, signal.SIGSTOP)  # it will not pass: the whole allowed wait is taken
+        ends_in = 0.5
+        shared.publish(5, clock.now() + ends_in)
         started = time.monotonic()
-        assert not watchdog.passes_again(within=5), "it waited into the term's last moments"
-        assert time.monotonic() - started < RESTART_ROOM
+        assert not watchdog.passes_again(within=5)
+        took = time.monotonic() - started
+        assert took < ends_in - RESTART_ROOM + 0.05, f"it waited {took:.2f} s, into the term's end"
+        assert took > 0.1, f"it gave up after {took:.2f} s, with room to wait"
+        os.kill(pid, signal.SIGCONT)
         shared.publish(6, clock.now() + 30)  # room enough: the live watchdog passes, nudged
         assert watchdog.passes_again(within=5)
     finally:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
         watchdog.stop()
 
 
