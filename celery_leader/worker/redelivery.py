@@ -162,7 +162,7 @@ def release_copies(
         copy.acknowledge()
 
 
-def describe_parking(request: Any, verdict: str = PARK) -> str:
+def describe_parking(request: Any, verdict: str) -> str:
     """The log line for a copy (:data:`PARK`) or a message (:data:`WAIT`) that waits for a run."""
     if verdict == WAIT:
         return (

@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+from celery_leader.elections.procinfo import parent_of
 from tests.integration.test_term_end import TTL, first_start_elsewhere, runs, wait_gone
 from tests.integration.test_workers import Stream
 
@@ -123,17 +124,11 @@ def test_a_watchdog_stopped_with_its_worker_is_not_taken_for_dead(cluster_for):
 
 def pool_children(parent: int, besides: int) -> list[int]:
     """The child processes of *parent*, but *besides*."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != besides:
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-            if ppid == parent:
-                found.append(int(entry))
-    return found
+    return [
+        int(entry)
+        for entry in os.listdir("/proc")
+        if entry.isdigit() and int(entry) != besides and parent_of(int(entry)) == parent
+    ]
 
 
 @pytest.mark.slow
