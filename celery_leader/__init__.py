@@ -58,6 +58,7 @@ from celery_leader.lease.timing import LeaseTiming
 from celery_leader.settings import LeaderSettings, load_settings
 from celery_leader.stores import open_store
 from celery_leader.tasks import LeaderTask, leader_only
+from celery_leader.tasks import message_id as _message_id  # noqa: F401 - stamps each message
 from celery_leader.tasks.runtime import check_leadership, current_token, lease_lost
 from celery_leader.term_end import OnLoss
 from celery_leader.worker.bootsteps import LeaderElection

@@ -42,6 +42,7 @@ LEADER_TASKS = (
     "overlap_account",
     "overlap_retry",
     "overlap_stubborn",
+    "retry_later",
 )
 RABBITMQ_URL = os.environ.get("LEADER_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 RABBITMQCTL = "/usr/sbin/rabbitmqctl"

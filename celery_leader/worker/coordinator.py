@@ -255,11 +255,15 @@ class Coordinator:
         from the broker: the redelivery record forgets them as failed runs
         (not acknowledged), so that what the broker delivers again of them,
         under their task id, is not held behind a run that will never end.
+        The copies that waited for a run come back too: forgotten here, their
+        new deliveries go through the gate.
         """
         self.consumer = None
         for request in self.overlaps.forget_waiting():
             if getattr(request, "leader_recorded", False):
                 self.redeliveries.settle(request, FAILED)
+        for copy in self.redeliveries.forget_parked():
+            self._unpark(copy)
 
     def post(self, fn: Callable[[], None]) -> None:
         """Run *fn* on the consumer's loop thread; errors are logged, never raised there."""

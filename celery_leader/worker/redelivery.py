@@ -9,10 +9,13 @@ outlasts the timeout again would loop for ever.
 
 The leader is the only consumer of its queue and knows what it runs. For
 every ``acks_late`` leader message it hands to the pool, this module keeps
-the message's identity until the run settles: its task id and its delivery
-tag, which kombu's transports with a visibility timeout (Redis, SQS) give a
-message when it is published and keep when they deliver it again. A
-message delivered again (the same task id and tag) whose earlier delivery:
+the message's identity until the run settles: its task id and what names
+the message across its deliveries on its transport (the id stamped at
+publish, else the Redis delivery tag or the SQS MessageId; see
+:mod:`celery_leader.worker.message_identity`), never a delivery tag a
+transport may reuse (AMQP after a reconnect) or renew (SQS). A message
+proven to be one delivered before (the same task id and identity) whose
+earlier delivery:
 
 * **runs here now** is *parked*: not run, not acknowledged, and not counted
   against the prefetch limit (as Celery does for ETA messages), so other
@@ -26,10 +29,18 @@ message delivered again (the same task id and tag) whose earlier delivery:
   :data:`REMEMBERED` messages) is acknowledged without running.
 
 Another message under the same task id (a retry, a replacement, one sent
-again on purpose, or a publisher's retry whose first attempt landed too) has
-a delivery tag of its own and runs as any message does, but not beside a run
-of that task id here: it *waits* for the run, as a parked copy does, and
-goes through the gate again when the run settles, whatever its outcome.
+again on purpose), and any message nothing names (published where
+celery_leader was never imported, on a transport whose tags name nothing),
+runs as any message does, but not beside a run of that task id here: it
+*waits* for the run, as a parked copy does, and goes through the gate again
+when the run settles, whatever its outcome. A message is acknowledged
+without running only when the record proves that very message completed:
+where nothing proves it, it runs (at least once beats lost).
+
+A reconnect to the broker hands every unacknowledged message back to it,
+and the broker delivers them again on the new connection: the copies that
+waited are forgotten then (:meth:`Redeliveries.forget_parked`), their new
+deliveries go through the gate, and the runs stay recorded.
 
 Assumptions and limits: the record is in the worker's main process only.
 A copy that reaches another worker (after a failover, or a restart of this
@@ -52,7 +63,9 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
+
+from celery_leader.worker.message_identity import message_identity
 
 logger = logging.getLogger(__name__)
 
@@ -66,10 +79,30 @@ RUN, PARK, WAIT, DROP = "run", "park", "wait", "drop"
 COMPLETED, SUPERSEDED, FAILED = "completed", "superseded", "failed"
 
 
-def message_key(request: Any) -> tuple[str, Any]:
-    """What names one message across its deliveries: (task id, delivery tag)."""
-    message = getattr(request, "_message", None)
-    return request.id, getattr(message, "delivery_tag", None)
+#: One message in the record: (task id, its identity), or (task id, a marker of its own) for a
+#: message nothing names (never equal to another's, never remembered as settled).
+MessageKey: TypeAlias = tuple[str, Any]
+
+
+class _Unnamed:
+    """Stands for the identity of a message nothing names: equal to nothing but itself."""
+
+    __slots__ = ()
+
+
+def message_key(request: Any) -> MessageKey:
+    """The record's key for *request*: kept on it from its admission, made there if it has none."""
+    key: MessageKey | None = getattr(request, "leader_message_key", None)
+    if key is None:
+        identity = message_identity(request)
+        key = (request.id, identity if identity is not None else _Unnamed())
+        request.leader_message_key = key
+    return key
+
+
+def same_message(request: Any, other: Any) -> bool:
+    """True when *request* and *other* are proven deliveries of one message."""
+    return message_key(request) == message_key(other)
 
 
 class Redeliveries:
@@ -77,11 +110,12 @@ class Redeliveries:
 
     def __init__(self, remembered: int = REMEMBERED) -> None:
         self._lock = threading.Lock()
-        self._running: dict[tuple[str, Any], weakref.ref[Any]] = {}
+        self._running: dict[MessageKey, weakref.ref[Any]] = {}
         #: The message of each task id that runs here (a key of ``_running``).
-        self._running_ids: dict[str, tuple[str, Any]] = {}
-        self._parked: dict[tuple[str, Any], list[Any]] = {}
-        self._done: OrderedDict[tuple[str, Any], None] = OrderedDict()
+        self._running_ids: dict[str, MessageKey] = {}
+        self._parked: dict[MessageKey, list[Any]] = {}
+        #: Messages whose run completed or was superseded here; only named ones are kept.
+        self._done: OrderedDict[MessageKey, None] = OrderedDict()
         self._remembered = remembered
 
     def admit(self, request: Any) -> str:
@@ -115,11 +149,24 @@ class Redeliveries:
             del self._running[key]
             if self._running_ids.get(key[0]) == key:
                 del self._running_ids[key[0]]
-            if outcome != FAILED:
+            if outcome != FAILED and not isinstance(key[1], _Unnamed):
                 self._done[key] = None
                 while len(self._done) > self._remembered:
                     self._done.popitem(last=False)
             return self._parked.pop(key, [])
+
+    def forget_parked(self) -> list[Any]:
+        """Forget every copy that waits for a run: the broker connection they came on is gone.
+
+        A reconnect (or a shutdown) hands every unacknowledged message of the
+        old connection back to the broker, which delivers it again on the
+        new one: what waited here can be neither acknowledged nor run any
+        more. Returns them, for their prefetch slots. The runs stay recorded.
+        """
+        with self._lock:
+            copies = [copy for waiting in self._parked.values() for copy in waiting]
+            self._parked.clear()
+            return copies
 
     def parked(self) -> int:
         """How many copies wait for a run."""
@@ -147,10 +194,9 @@ def release_copies(
     gate again. *unpark* gives back the prefetch slot a parked copy was
     lent; *redispatch* hands a copy to the worker again (loop thread).
     """
-    own = message_key(run)
     for copy in copies:
         unpark(copy)
-        if outcome == FAILED or message_key(copy) != own:
+        if outcome == FAILED or not same_message(copy, run):
             redispatch(copy)
             continue
         logger.info(

@@ -304,6 +304,8 @@ class LeaderRequest(Request):  # type: ignore[misc]
     leader_overlap_key: str | None = None
     #: (task name, occurrence) once it runs as its occurrence's run (see worker.occurrences).
     leader_occurrence_key: tuple[str, str] | None = None
+    #: (task id, identity) once the redelivery record looked at it (see worker.redelivery).
+    leader_message_key: tuple[str, Any] | None = None
 
     @property
     def leader_token(self) -> Any:

@@ -417,6 +417,16 @@ def tear_own_slot(self):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+@leader_only
+@app.task(bind=True, max_retries=1)
+def retry_later(self, countdown):
+    """Retries once after *countdown* seconds: two runs in all, the second under retries=1."""
+    record("start", self, retries=self.request.retries)
+    if self.request.retries < 1:
+        raise self.retry(countdown=countdown)
+    record("end", self, retries=self.request.retries)
+
+
 @leader_only(on_loss="terminate")
 @app.task(bind=True, max_retries=1)
 def long_retry(self, seconds):

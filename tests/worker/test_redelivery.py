@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from celery_leader.tasks.message_id import HEADER
 from celery_leader.worker.redelivery import (
     COMPLETED,
     DROP,
@@ -25,15 +26,18 @@ class Delivery:
 
 
 class Message:
-    """Stands for a request: its task id, its message's delivery tag, its state.
+    """Stands for a request: its task id, the id its message was stamped with, its state.
 
-    A broker that delivers a message again keeps its tag (kombu's Redis and
-    SQS transports); another message under the same id has a tag of its own.
+    A broker that delivers a message again hands back its headers, with the
+    stamp (*tag*); another message under the same task id has a stamp of its
+    own. *tag* None: a message published without a stamp, on a transport
+    whose delivery tags name nothing (AMQP's count per channel).
     """
 
     def __init__(self, task_id, tag="tag-1"):
         self.id, self.acknowledged = task_id, False
-        self._message = Delivery(tag)
+        self._request_dict = {HEADER: tag} if tag is not None else {}
+        self._message = Delivery(1)
 
     def acknowledge(self):
         self.acknowledged = True
@@ -176,3 +180,30 @@ def test_retry_ignore_and_reject_hand_the_message_on_while_other_errors_fail():
     assert not _hands_on(ExceptionWithTraceback(Reject(requeue=True), ""))
     assert not _hands_on(ValueError("bug"))
     assert not _hands_on(ExceptionWithTraceback(KeyError("k"), ""))
+
+
+def test_a_message_nothing_names_is_never_dropped_nor_taken_for_a_copy():
+    """Without a stamp, on a transport whose tags name nothing, a message proves nothing: it
+    waits for a run of its task id, then runs (at least once beats lost)."""
+    runs = Redeliveries()
+    first = Message("u", tag=None)
+    assert runs.admit(first) == RUN
+    again = Message("u", tag=None)
+    assert runs.admit(again) == WAIT, "not taken for a copy of the run: it waits"
+    assert runs.settle(first, COMPLETED) == [again]
+    assert release(first, [again], COMPLETED) == ([], [again]), "to the gate, not acknowledged"
+    assert runs.admit(again) == RUN
+    assert runs.settle(again, COMPLETED) == []
+    assert runs.admit(Message("u", tag=None)) == RUN, "a completed run proves nothing of it"
+
+
+def test_copies_that_waited_are_forgotten_when_their_connection_is_gone():
+    runs = Redeliveries()
+    original, copy, retry = Message("f"), Message("f"), Message("f", tag="tag-2")
+    assert runs.admit(original) == RUN
+    assert runs.admit(copy) == PARK
+    assert runs.admit(retry) == WAIT
+    assert runs.forget_parked() == [copy, retry]
+    assert runs.parked() == 0
+    assert runs.settle(original, COMPLETED) == [], "nothing is released twice"
+    assert runs.admit(Message("f")) == DROP, "the run stays recorded"
