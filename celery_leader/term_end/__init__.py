@@ -50,6 +50,12 @@ cannot run for a whole margin breaks the clock assumption of guarantee 1 as
 well). A process group frozen as a whole (SIGSTOP of the group, a paused VM)
 is a paused leader; only fencing tokens protect against that. Linux is
 needed, since the watchdog checks ``/proc/<pid>/stat`` before it kills.
+A ``/proc`` that cannot answer (out of descriptors or memory) is never
+taken for "the run is gone" (:class:`~celery_leader.elections.procinfo.Liveness`):
+the watchdog looks again at its next pass, within
+:data:`~celery_leader.term_end.watchdog.WATCH_INTERVAL`; the parent's kill
+asks again for up to :data:`~celery_leader.term_end.in_worker.KILL_SETTLE`;
+the release guard counts the run as running.
 
 Policies (:class:`OnLoss`):
 
