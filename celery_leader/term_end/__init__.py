@@ -64,8 +64,10 @@ Policies (:class:`OnLoss`):
 * ``cancel``: :func:`celery_leader.lease_lost` turns true at the end of the
   term, and the task is expected to stop. It is the default, and the only
   choice, in threads, solo, gevent and eventlet. A task that never polls
-  runs on; on a step-down or a warm shutdown, prefork then kills it after
-  the grace period.
+  runs on, beside the next leader's run of its overlap key or occurrence
+  (:mod:`celery_leader.worker.unkillable_runs` warns at start); on a
+  step-down or a warm shutdown, prefork then kills it after the grace
+  period.
 * ``finish``: the run completes. This is unsafe without fencing. On a
   step-down or a warm shutdown, prefork kills it after the grace period.
 
