@@ -17,7 +17,9 @@ child per index at a time), the kill ring only by the watchdog. Nobody
 clears another process's slot, so no write can race another. A slot left by
 a child that died stays until the next child of that index overwrites it;
 readers recognise it as stale because the process it names, identified by
-pid *and* start time (:mod:`celery_leader.elections.procinfo`), no longer runs.
+pid *and* start time (:mod:`celery_leader.elections.procinfo`), no longer runs:
+a definite answer from ``/proc``. While ``/proc`` cannot answer (out of
+descriptors or memory), the run counts as running.
 
 A sequence number per slot (odd while a write is in progress) makes a torn
 read retry. A writer killed between its first and last write (the watchdog's
@@ -87,20 +89,17 @@ class Run(NamedTuple):
     started: int
     election: int = 0
 
-    def running(self, owner_pid: int) -> bool:
-        """True while the process named here still runs (and is the same process).
+    def running(self, owner_pid: int) -> procinfo.Liveness:
+        """Whether the process named here still runs (and is the same process).
 
         With its start time unknown (0), the pid must still run and be a
         child of *owner_pid* (the worker's main process, which made the
         table): fail closed, without taking a reused pid for the run.
+        ``UNKNOWN`` when ``/proc`` cannot answer: callers count it as running.
         """
         if not self.started:
-            return (
-                self.pid > 0
-                and not procinfo.has_ended(self.pid)
-                and procinfo.parent_of(self.pid) == owner_pid
-            )
-        return procinfo.is_running(self.pid, self.started)
+            return procinfo.liveness(self.pid, parent=owner_pid)
+        return procinfo.liveness(self.pid, self.started)
 
     def of_term(self, token: int, election: int | None = None) -> bool:
         """True for a run of *election*'s term *token* or an older one (unknown: every term).
@@ -186,7 +185,7 @@ class RunTable:
                 return found
         writer, started, election = _WRITER.unpack_from(self._slots, index * _SLOT.size + _SEQ.size)
         run = Run(index, writer, EVERY_TERM, False, started, election)
-        if writer <= 0 or not run.running(self.owner_pid):
+        if writer <= 0 or run.running(self.owner_pid) is procinfo.Liveness.GONE:
             return None  # killed mid-write: nothing runs under this slot
         return run
 
@@ -210,15 +209,17 @@ class RunTable:
     def running(self, token: int, exclude_pid: int = 0, election: int | None = None) -> list[Run]:
         """Runs of *election*'s term *token* or older whose process still runs.
 
-        Unreadable slots are included (fail closed). With *election* None,
-        runs of every election whose token is at most *token*.
+        Unreadable slots are included, and so are runs whose process
+        ``/proc`` cannot tell about (fail closed: only a definite "gone"
+        drops a run). With *election* None, runs of every election whose
+        token is at most *token*.
         """
         return [
             run
             for run in self.busy()
             if run.of_term(token, election)
             and run.pid != exclude_pid
-            and run.running(self.owner_pid)
+            and run.running(self.owner_pid) is not procinfo.Liveness.GONE
         ]
 
     # -- kills (written by the watchdog) --------------------------------------

@@ -1,9 +1,15 @@
 """``@leader_only(overlap=...)``: what a run's key is, and which policies there are.
 
 A leader-only task runs on one worker at a time, and a term's runs end
-before the next term's begin (for ``on_loss`` ``"terminate"`` and
-``"cancel"``; see :mod:`celery_leader.term_end`). So "is a run of this job
-in progress?" has one place to be answered: the leader's main process, which
+before the next term's begin where they can be stopped: ``on_loss``
+``"terminate"`` in a prefork pool, and ``"cancel"`` for a run that polls
+:func:`celery_leader.lease_lost` and returns (see
+:mod:`celery_leader.term_end`). A run under ``"finish"``, or under
+``"cancel"`` (the only policy in the threads, solo, gevent and eventlet
+pools) that never polls, goes on after its term, beside the next leader's
+run of its key: the worker says so at start for each such task
+(:mod:`celery_leader.worker.unkillable_runs`). Given that, "is a run of
+this job in progress?" has one place to be answered: the leader's main process, which
 sees every run it hands to its pool. The policy is enforced there
 (:mod:`celery_leader.worker.overlap`); this module only says what the policy
 and the key of a message are. Nothing is kept in a store: a crash, a kill,

@@ -50,6 +50,12 @@ cannot run for a whole margin breaks the clock assumption of guarantee 1 as
 well). A process group frozen as a whole (SIGSTOP of the group, a paused VM)
 is a paused leader; only fencing tokens protect against that. Linux is
 needed, since the watchdog checks ``/proc/<pid>/stat`` before it kills.
+A ``/proc`` that cannot answer (out of descriptors or memory) is never
+taken for "the run is gone" (:class:`~celery_leader.elections.procinfo.Liveness`):
+the watchdog looks again at its next pass, within
+:data:`~celery_leader.term_end.watchdog.WATCH_INTERVAL`; the parent's kill
+asks again for up to :data:`~celery_leader.term_end.in_worker.KILL_SETTLE`;
+the release guard counts the run as running.
 
 Policies (:class:`OnLoss`):
 
@@ -58,8 +64,10 @@ Policies (:class:`OnLoss`):
 * ``cancel``: :func:`celery_leader.lease_lost` turns true at the end of the
   term, and the task is expected to stop. It is the default, and the only
   choice, in threads, solo, gevent and eventlet. A task that never polls
-  runs on; on a step-down or a warm shutdown, prefork then kills it after
-  the grace period.
+  runs on, beside the next leader's run of its overlap key or occurrence
+  (:mod:`celery_leader.worker.unkillable_runs` warns at start); on a
+  step-down or a warm shutdown, prefork then kills it after the grace
+  period.
 * ``finish``: the run completes. This is unsafe without fencing. On a
   step-down or a warm shutdown, prefork kills it after the grace period.
 

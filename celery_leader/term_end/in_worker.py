@@ -27,13 +27,13 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from contextlib import suppress
 from typing import Any, NamedTuple
 
 from celery.worker import state as worker_state
 
-from celery_leader.elections.procinfo import parent_of, process_ended
+from celery_leader.elections.procinfo import Liveness, liveness, process_ended
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.lease import Term
 from celery_leader.term_end import KILLABLE_POOLS, OnLoss, requeues_stopped_run
@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 #: How long the release waits for killed runs to be gone, in seconds.
 KILL_SETTLE = 1.0
+#: How often the parent's kill asks ``/proc`` again about a run it could not judge (s).
+RETRY_EVERY = 0.01
 
 
 # -- the hand-back rule, for requests in the parent ---------------------------
@@ -108,25 +110,56 @@ def kill_runs(requests: Iterable[Any], reason: str) -> list[int]:
 
 
 def kill_recorded_runs(
-    shared: SharedLease, token: int, reason: str, *, terminate_only: bool = False
+    shared: SharedLease,
+    token: int,
+    reason: str,
+    *,
+    terminate_only: bool = False,
+    spare: Collection[int] = (),
+    retry_for: float = KILL_SETTLE,
 ) -> list[int]:
     """SIGKILL the pool children the run table shows running term *token* (or older).
 
     These include runs the parent has not seen start yet, and a slot that
     cannot be read (its writer's process, fail closed). With
-    *terminate_only*, runs under another policy are spared. Only children
-    of the calling process (the worker's main process) are signalled.
+    *terminate_only*, runs under another policy are spared; so are the pids
+    in *spare* (signalled already). Only children of the calling process
+    (the worker's main process) are signalled, each the process that wrote
+    its slot (same start time, when known).
+
+    A run whose process ``/proc`` cannot tell about (out of descriptors or
+    memory) is looked at again every :data:`RETRY_EVERY` seconds until
+    ``/proc`` answers, for at most *retry_for* seconds (the release guard's
+    own wait for killed runs); past that, the watchdog's passes and the
+    release guard still see it as running.
     """
-    killed = []
-    for run in shared.runs.running(token, exclude_pid=os.getpid(), election=shared.election):
-        if terminate_only and not run.terminate:
-            continue
-        if run.pid > 0 and parent_of(run.pid) == os.getpid():
-            logger.warning("celery-leader: %s; killing pool child pid %s", reason, run.pid)
-            with suppress(ProcessLookupError):
-                os.kill(run.pid, signal.SIGKILL)
-                killed.append(run.pid)
-    return killed
+    killed: list[int] = []
+    me = os.getpid()
+    deadline = time.monotonic() + retry_for
+    while True:
+        unsure = []
+        for run in shared.runs.running(token, exclude_pid=me, election=shared.election):
+            if (terminate_only and not run.terminate) or run.pid in spare or run.pid in killed:
+                continue
+            state = liveness(run.pid, run.started, parent=me)
+            if state is Liveness.UNKNOWN:
+                unsure.append(run.pid)
+            elif state is Liveness.RUNNING:
+                logger.warning("celery-leader: %s; killing pool child pid %s", reason, run.pid)
+                with suppress(ProcessLookupError):
+                    os.kill(run.pid, signal.SIGKILL)
+                    killed.append(run.pid)
+        if not unsure:
+            return killed
+        if time.monotonic() >= deadline:
+            logger.warning(
+                "celery-leader: %s; /proc does not answer for pool child pid(s) %s: "
+                "the watchdog and the release guard go on counting them as running",
+                reason,
+                ", ".join(map(str, unsure)),
+            )
+            return killed
+        time.sleep(RETRY_EVERY)
 
 
 # -- which requests belong to a term -----------------------------------------
@@ -262,7 +295,8 @@ class TermEnd:
             logger.exception("celery-leader: cannot list runs; the watchdog stops them")
         else:
             # The terminate runs whose child the run table shows in a run of this
-            # term (a slot it cannot read included): a child that finished its run
+            # term (a slot it cannot read included, and a child /proc cannot tell
+            # about: unknown counts as running): a child that finished its run
             # and took other work (the parent lagging, or -O fast) is left alone.
             # The table holds every run's body: a run registers before its body
             # and checks its term again after.
@@ -277,9 +311,11 @@ class TermEnd:
                 for r in runs
                 if self._policy_for(r.task) is OnLoss.TERMINATE and r.worker_pid in in_term
             ]
-            kill_runs(doomed, "lease lost")
+            signalled = kill_runs(doomed, "lease lost")
             # And runs the parent has not seen start, from the run table.
-            kill_recorded_runs(self.shared, token, "lease lost", terminate_only=True)
+            kill_recorded_runs(
+                self.shared, token, "lease lost", terminate_only=True, spare=signalled
+            )
         if on_loop:
             self.hand_back_waiting(token)
         else:
@@ -337,11 +373,12 @@ class TermEnd:
         if self.pool_kind not in KILLABLE_POOLS:
             return False
         reason = f"still running {grace:g} s after the term ended"
+        signalled: list[int] = []
         try:
-            kill_runs(self.leader_runs(token), reason)
+            signalled = kill_runs(self.leader_runs(token), reason)
         except SnapshotError:
             logger.exception("celery-leader: cannot list runs to stop them")
-        kill_recorded_runs(self.shared, token, reason)
+        kill_recorded_runs(self.shared, token, reason, spare=signalled)
         return self.runs_ended(token, KILL_SETTLE)
 
     def await_stopped(

@@ -15,7 +15,7 @@ import time
 from contextlib import suppress
 
 from celery_leader import clock
-from celery_leader.elections.procinfo import parent_of, process_ended
+from celery_leader.elections.procinfo import Liveness, liveness, process_ended
 from celery_leader.elections.run_table import RUN_SLOTS, Run
 from celery_leader.elections.shared_lease import SharedLease, SharedLeases
 from celery_leader.elections.wakeup import Wakeup
@@ -81,6 +81,7 @@ def enforce_deadlines(
     done: set[tuple[int, int]] | None = None,
     *,
     now: float | None = None,
+    unsure: list[Run] | None = None,
 ) -> list[int]:
     """One pass of the watchdog: SIGKILL each ``terminate`` run whose term is not valid now.
 
@@ -93,8 +94,15 @@ def enforce_deadlines(
     unknown) and a child of *worker_pid*, so a stale slot whose pid was
     reused by another process is never acted on. Each kill is recorded for
     the parent (:meth:`RunTable.record_kill`). *done* remembers ``(pid,
-    start time)`` already killed, across passes. *now* is the lease-clock
-    time to judge at (default: the lease clock). Returns the pids killed.
+    start time)`` already killed or found gone, across passes. *now* is the
+    lease-clock time to judge at (default: the lease clock). Returns the pids
+    killed.
+
+    A run whose process ``/proc`` cannot tell about (out of descriptors or
+    memory) is neither killed nor done: it is added to *unsure* and judged
+    again at the next pass, which :func:`watch_pass` makes come within
+    :data:`WATCH_INTERVAL`. Only a definite answer (gone, or its pid now names
+    another process) lets a run go unkilled for good.
     """
     group = shared if isinstance(shared, SharedLeases) else shared.group
     killed = []
@@ -102,7 +110,13 @@ def enforce_deadlines(
     for run in group.runs.busy():
         if (run.pid, run.started) in done or not past_deadline(group, run, now=now):
             continue
-        if run.running(worker_pid) and parent_of(run.pid) == worker_pid:
+        # One read: the same process (start time, when known) and the worker's child.
+        state = liveness(run.pid, run.started, parent=worker_pid)
+        if state is Liveness.UNKNOWN:
+            if unsure is not None:
+                unsure.append(run)
+            continue  # not done: looked at again next pass
+        if state is Liveness.RUNNING:
             group.runs.record_kill(run)  # before the kill: the parent may see the death first
             with suppress(ProcessLookupError):
                 os.kill(run.pid, signal.SIGKILL)
@@ -121,10 +135,14 @@ def watch_pass(
     Both halves judge at the same *now*: a run still valid when the kills
     are decided is counted for the next wake-up, however late in the pass
     its deadline falls, so no run is slept past. Returns the lease-clock
-    time of the next deadline (infinite when none).
+    time of the next deadline (infinite when none), or *now* plus
+    :data:`WATCH_INTERVAL` when a run due to end could not be judged
+    (``/proc`` did not answer): it is judged again then.
     """
-    enforce_deadlines(group, worker_pid, done, now=now)
-    return earliest_deadline(group, now=now)
+    unsure: list[Run] = []
+    enforce_deadlines(group, worker_pid, done, now=now, unsure=unsure)
+    due = earliest_deadline(group, now=now)
+    return min(due, now + WATCH_INTERVAL) if unsure else due
 
 
 class Watchdog:

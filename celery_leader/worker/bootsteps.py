@@ -44,6 +44,7 @@ from celery_leader.worker import control as _control  # noqa: F401 - registers t
 from celery_leader.worker import missing_step as _missing_step  # noqa: F401 - connects the warning
 from celery_leader.worker.coordinator import Coordinator, current_coordinator
 from celery_leader.worker.redelivery import warn_about_visibility
+from celery_leader.worker.unkillable_runs import warn_about_unkillable_runs
 
 logger = logging.getLogger(__name__)
 
@@ -227,6 +228,7 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
             raise WorkerConfigurationError(f"celery-leader: {exc}") from None
         warn_about_visibility(worker.app, leader_tasks)
         kind = pool_kind(worker)
+        warn_about_unkillable_runs(worker.app, leader_tasks, kind)
         _check_pool_size(worker, kind)
         names = self.app_settings.names
         if batch is not None:

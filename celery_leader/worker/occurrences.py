@@ -10,7 +10,16 @@ acknowledged without running, its result ``SKIPPED`` with reason
   an earlier leader whose record reached the lease store.
 
 A run that was killed, raised, retried, or ended with its term does not
-count: the message runs again when redelivered. The same message delivered
+count: the message runs again when redelivered.
+
+"Runs on this leader now" covers the runs of this leader's terms. A run
+that goes on after its term (``on_loss="finish"``, or ``"cancel"`` without
+polling :func:`celery_leader.lease_lost`: the only policy in the threads,
+solo, gevent and eventlet pools) is in no record the next leader reads, so
+the next leader may run its occurrence beside it. Only ``"terminate"`` in a
+prefork pool ends every run with its term; the worker warns at start for
+each task of ``beat_schedule`` where that is not so
+(:mod:`celery_leader.worker.unkillable_runs`). The same message delivered
 again while its run goes on is :mod:`celery_leader.worker.redelivery`'s to
 decide (it parks); a message with the running run's task id (its retry) is
 never skipped here. A message with the task id of the run that *completed*

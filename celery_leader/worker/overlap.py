@@ -7,7 +7,13 @@ record is the leader's own list of the runs it handed to its pool, per key
 (returned, failed, killed, handed back). So the record can never outlive
 what it describes: a crash or a SIGKILL takes it with the process, and the
 next leader starts with none. That a run of the old term has ended by then
-is the term-end guarantee (:mod:`celery_leader.term_end`), not a store's.
+is the term-end guarantee (:mod:`celery_leader.term_end`), not a store's:
+kept for every run by ``on_loss="terminate"`` in a prefork pool, and under
+``"cancel"`` only by runs that poll :func:`celery_leader.lease_lost`. A run
+that goes on after its term (``"finish"``; ``"cancel"`` without polling,
+which is every pool but prefork's only policy) runs beside the next
+leader's run of its key; the worker warns at start for each such task
+(:mod:`celery_leader.worker.unkillable_runs`).
 
 What the gate does with a message whose key has a run in progress:
 
