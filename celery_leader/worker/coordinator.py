@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery.worker import state as worker_state
-from celery.worker.state import task_ready, task_reserved
 
 from celery_leader.elections.balancer import Balancer
 from celery_leader.elections.group import ElectionGroup
@@ -47,7 +46,6 @@ from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.exceptions import ConfigurationError
 from celery_leader.lease import LeaseManager
 from celery_leader.settings import ElectionNames, LeaderSettings, names_for_app
-from celery_leader.signals import leader_task_skipped
 from celery_leader.stores.base import LeaseStore
 from celery_leader.tasks.overlap import Overlap
 from celery_leader.tasks.runtime import install_shared_lease
@@ -57,18 +55,7 @@ from celery_leader.term_end.in_worker import SnapshotError, Waiting, snapshot
 from celery_leader.term_end.watchdog import Watchdog
 from celery_leader.worker.dispatch import SerialDispatcher
 from celery_leader.worker.eta import held_for_eta
-from celery_leader.worker.occurrences import REDELIVERED, RUNNING, occurrence_of, result_ready
-from celery_leader.worker.overlap import RUN as OVERLAP_RUN
-from celery_leader.worker.overlap import SKIPPED, WAIT, Overlaps, store_result
-from celery_leader.worker.redelivery import (
-    DROP,
-    FAILED,
-    PARK,
-    RUN,
-    Redeliveries,
-    describe_parking,
-    release_copies,
-)
+from celery_leader.worker.gate import Gate
 from celery_leader.worker.wakeup import can_wake_blocking_loop, wake_blocking_loop
 from celery_leader.worker.worker_election import WorkerElection, stop_consuming
 
@@ -128,10 +115,8 @@ class Coordinator:
         self._liveness_window = max(2 * settings.timing.renew_interval, 1.0)
         self._started = False
         self._signals: SerialDispatcher | None = None
-        #: Leader runs by task id, and their messages delivered again meanwhile.
-        self.redeliveries = Redeliveries()
-        #: Leader runs by overlap key, and the message each may have waiting.
-        self.overlaps = Overlaps(on_skip=self._skipped)
+        #: The gate's verdicts on each leader message, and the settlement of its run.
+        self.gate = Gate(self)
         #: Ends prefork runs at their term's deadline (see celery_leader.term_end.watchdog).
         self.watchdog = Watchdog(self.group.shared) if pool_kind in KILLABLE_POOLS else None
         self._watchdog_lock = threading.Lock()
@@ -251,19 +236,12 @@ class Coordinator:
     def detach(self) -> None:
         """The consumer is stopping (shutdown or broker reconnect).
 
-        The messages that waited for an overlap key never ran and come back
-        from the broker: the redelivery record forgets them as failed runs
-        (not acknowledged), so that what the broker delivers again of them,
-        under their task id, is not held behind a run that will never end.
-        The copies that waited for a run come back too: forgotten here, their
-        new deliveries go through the gate.
+        What waited at the gate came on the connection that is gone, and
+        the broker delivers it again: the gate forgets it
+        (:meth:`~celery_leader.worker.gate.Gate.connection_gone`).
         """
         self.consumer = None
-        for request in self.overlaps.forget_waiting():
-            if getattr(request, "leader_recorded", False):
-                self.redeliveries.settle(request, FAILED)
-        for copy in self.redeliveries.forget_parked():
-            self._unpark(copy)
+        self.gate.connection_gone()
 
     def post(self, fn: Callable[[], None]) -> None:
         """Run *fn* on the consumer's loop thread; errors are logged, never raised there."""
@@ -392,159 +370,6 @@ class Coordinator:
             )
             found = self._profiles[id(task)] = (task, profile)
         return found[1]
-
-    def admit_delivery(self, request: Any) -> bool:
-        """True to run *request* now; False when it is a copy of a run's message (kept or dropped).
-
-        Loop thread, at the gate. See :mod:`celery_leader.worker.redelivery`.
-        """
-        verdict = self.redeliveries.admit(request)
-        if verdict == RUN:
-            return True
-        task_ready(request)  # not reserved any more: the hand-back at a term's end skips it
-        if verdict == DROP:
-            logger.info(
-                "celery-leader: %s was delivered again after its run completed here; "
-                "acknowledged without running",
-                request.humaninfo(),
-            )
-            request.acknowledge()
-            return False
-        (logger.warning if verdict == PARK else logger.info)(describe_parking(request, verdict))
-        self._park(request)
-        return False
-
-    def admit_occurrence(self, request: Any) -> bool:
-        """True to go on with *request*; False when its occurrence runs or completed (skipped).
-
-        Loop thread, at the gate, after :meth:`admit_delivery` and before
-        :meth:`admit_overlap` (a copy of a running occurrence is skipped for
-        its occurrence, not its overlap key). A skipped message is
-        acknowledged, its result ``SKIPPED`` with ``{"reason": "occurrence",
-        "occurrence": ...}``. The completing run's own message delivered
-        again (its task id), and any message whose result is ready in the
-        backend already, is acknowledged without running and without
-        touching its result (a ``SKIPPED`` over a ``SUCCESS`` would leave
-        ``result.get()`` waiting), neither signalled nor counted: as a copy
-        the redelivery record drops. See :mod:`celery_leader.worker.occurrences`.
-        """
-        occurrence = occurrence_of(request)
-        election = self.election_for(request.task)
-        if occurrence is None or election is None:
-            return True
-        why = election.occurrences.verdict(request, occurrence)
-        if why is None:
-            return True
-        if why == REDELIVERED or result_ready(request.task, request.id):
-            logger.info(
-                "celery-leader: %s was delivered again after its run of occurrence %s "
-                "completed; acknowledged without running, its result kept",
-                request.humaninfo(),
-                occurrence,
-            )
-            task_ready(request)  # not reserved any more: the hand-back at a term's end skips it
-            request.acknowledge()
-            return False
-        logger.info(
-            "celery-leader: %s skipped: occurrence %s %s",
-            request.humaninfo(),
-            occurrence,
-            "is running here" if why == RUNNING else "completed already",
-        )
-        info = {"reason": "occurrence", "occurrence": occurrence}
-        store_result(request.task, lambda backend: backend.store_result(request.id, info, SKIPPED))
-        request.acknowledge()
-        task_ready(request)  # not reserved any more: the hand-back at a term's end skips it
-        self._skipped(request, None, reason="occurrence", occurrence=occurrence)
-        return False
-
-    def claim_occurrence(self, request: Any) -> None:
-        """*request* goes to the pool: it is its occurrence's run from now on. Loop thread."""
-        occurrence = occurrence_of(request)
-        election = self.election_for(request.task)
-        if occurrence is not None and election is not None:
-            election.occurrences.claim(request, occurrence)
-
-    def admit_overlap(self, request: Any) -> bool:
-        """True to run *request* now; False when it waits for, or was skipped by, a run of its key.
-
-        Loop thread, at the gate, after :meth:`admit_delivery`. See
-        :mod:`celery_leader.worker.overlap`.
-        """
-        verdict = self.overlaps.admit_request(request)
-        if verdict == OVERLAP_RUN:
-            return True
-        task_ready(request)  # not reserved any more: the hand-back at a term's end skips it
-        if verdict == WAIT:
-            self._park(request)
-        return False
-
-    def _park(self, request: Any) -> None:
-        """Keep *request* aside, unacknowledged, without holding a prefetch slot."""
-        qos = getattr(self.consumer, "qos", None)
-        if qos is not None and qos.increment_eventually():
-            # The slot goes back to this same consumer's count (a reconnect makes a new one).
-            request.leader_parked_qos = qos
-
-    def _skipped(
-        self, request: Any, key: str | None, reason: str = "overlap", **extra: Any
-    ) -> None:
-        election = request.leader_election or self.lease_of(None)
-        self.send_signal(
-            leader_task_skipped,
-            election,
-            token=request.leader_token,
-            task=request.task.name,
-            task_id=request.id,
-            reason=reason,
-            key=key,
-            **extra,
-        )
-
-    def run_settled(self, request: Any, outcome: str) -> None:
-        """The run of *request* ended (any thread): settle what waited for it.
-
-        The copies of its message delivered again meanwhile, and the message
-        that waited for its overlap key (it goes to the gate again); a run
-        that completed joins its election's record of completed occurrences.
-        """
-        # Each guard skips what the run never joined (the common run joins neither).
-        if request.leader_occurrence_key is not None:
-            election = self.election_for(request.task)
-            grown = election.occurrences.settle(request, outcome) if election is not None else None
-            if election is not None and grown is not None:
-                election.occurrence_sync.completed(grown)
-        copies = self.redeliveries.settle(request, outcome)
-        if copies:
-            self.post(
-                lambda: release_copies(
-                    copies, outcome, run=request, redispatch=self._redispatch, unpark=self._unpark
-                )
-            )
-        waiting = self.overlaps.settle(request) if request.leader_overlap_key is not None else []
-        if waiting:
-
-            def release() -> None:
-                for message in waiting:
-                    self._unpark(message)
-                    self._redispatch(message)
-
-            self.post(release)
-
-    @staticmethod
-    def _unpark(request: Any) -> None:
-        qos = getattr(request, "leader_parked_qos", None)
-        if qos is not None:
-            request.leader_parked_qos = None
-            qos.decrement_eventually()
-
-    def _redispatch(self, request: Any) -> None:
-        """Hand a copy that waited to the worker again: through the gate, as on receipt."""
-        consumer = self.consumer
-        if consumer is None:
-            return  # reconnecting: the broker delivers the unacknowledged message again
-        task_reserved(request)
-        consumer.on_task_request(request)
 
     def unknown_leader_task(self, app: Any, message: Any, queue: str) -> bool:
         """A message of an unregistered task came from *queue*: requeue it if a leader queue.

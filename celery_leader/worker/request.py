@@ -130,17 +130,17 @@ class LeaderRequest(Request):  # type: ignore[misc]
         )
         if _called_from(sys._getframe(1), "execute_using_pool"):
             if task.acks_late:
-                if not coordinator.admit_delivery(self):
+                if not coordinator.gate.admit_delivery(self):
                     return True  # delivered again while its run goes on (see worker.redelivery)
                 self.leader_recorded = True  # settle it, whether it runs, waits or is skipped
             # Occurrences and overlap keys are asked only of messages they apply to.
             occurrence = request_dict.get(OCCURRENCE_HEADER) is not None
-            if occurrence and not coordinator.admit_occurrence(self):
+            if occurrence and not coordinator.gate.admit_occurrence(self):
                 return True  # its occurrence runs or completed: skipped (worker.occurrences)
-            if profile.overlap and not coordinator.admit_overlap(self):
+            if profile.overlap and not coordinator.gate.admit_overlap(self):
                 return True  # a run of its key goes on: it waits or is skipped (worker.overlap)
             if occurrence:
-                coordinator.claim_occurrence(self)
+                coordinator.gate.claim_occurrence(self)
             # The pool gets it next: from now on it belongs to the pool and is
             # never handed back. (Celery also asks revoked() on receipt of a
             # message with an expiry; such a request may still wait for its
@@ -241,7 +241,7 @@ class LeaderRequest(Request):  # type: ignore[misc]
     def _run_settled(self, outcome: str) -> None:
         coordinator = current_coordinator()
         if coordinator is not None and (self.leader_dispatched or self.leader_recorded):
-            coordinator.run_settled(self, outcome)
+            coordinator.gate.run_settled(self, outcome)
 
     def hand_back(self, why: str) -> None:
         """Return the message to the broker for the leader; forget it here.

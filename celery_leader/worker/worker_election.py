@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from celery_leader import signals
 from celery_leader.elections.election import Election
@@ -41,7 +41,52 @@ from celery_leader.worker.occurrences import Occurrences
 from celery_leader.worker.wakeup import wake_redis_consumer
 
 if TYPE_CHECKING:
-    from celery_leader.worker.coordinator import Coordinator
+    from celery_leader.elections.group import ElectionGroup
+    from celery_leader.term_end import OnLoss
+    from celery_leader.term_end.in_worker import Waiting
+
+
+class ElectionHost(Protocol):
+    """What an election needs of the worker it runs in (the worker's coordinator).
+
+    Declared here, so that this module never imports the coordinator that
+    wires the elections: the dependency runs one way.
+    """
+
+    nodename: str
+    pool_kind: str
+    group: ElectionGroup
+    renew_grid: float | None
+    shutting_down: bool
+    consumer: Any
+
+    def is_live(self) -> bool:
+        """True while the worker can act on leadership."""
+
+    def watchdog_alive(self) -> bool:
+        """True when no run watchdog is needed or it runs."""
+
+    def acquire_delay(self, election: str) -> float:
+        """Seconds *election* should wait before trying to acquire."""
+
+    def policy_for(self, task: Any) -> OnLoss:
+        """The on_loss policy of *task*'s runs in this pool."""
+
+    def post(self, fn: Callable[[], None]) -> None:
+        """Run *fn* on the consumer's loop thread."""
+
+    def wake_loop(self) -> None:
+        """Have a blocking consumer loop run what was posted now."""
+
+    def waiting_messages(self) -> list[Waiting]:
+        """Leader messages held here that never reached the pool."""
+
+    def send_event(self, kind: str, election: str, **fields: Any) -> None:
+        """Send a Celery event of *kind* for *election*."""
+
+    def send_signal(self, signal_: Any, election: str, **kwargs: Any) -> None:
+        """Send one of celery_leader's signals for *election*."""
+
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +109,7 @@ class WorkerElection:
 
     def __init__(
         self,
-        coordinator: Coordinator,
+        coordinator: ElectionHost,
         settings: LeaderSettings,
         store: LeaseStore,
         *,

@@ -20,7 +20,6 @@ from kombu import Connection
 
 from celery_leader.tasks.message_id import HEADER
 from celery_leader.worker.message_identity import message_identity
-
 from tests.integration.conftest import rabbitmqctl
 
 pytestmark = pytest.mark.slow

@@ -132,6 +132,13 @@ class Admitting:
     def admit_delivery(self, request):
         return True  # no copy of a running message here
 
+    def run_settled(self, request, outcome):
+        return None
+
+    @property
+    def gate(self):
+        return self  # the gate's verdicts, as the coordinator's Gate gives them
+
 
 class EventletLikePool:
     """A pool whose apply_async returns None, as eventlet's does."""
@@ -276,11 +283,11 @@ def test_a_reconnect_forgets_what_waited_for_a_key_also_in_the_redelivery_record
     )
     running, waiting = Request("a", "tag-a"), Request("b", "tag-b")
     for request in (running, waiting):
-        assert coordinator.redeliveries.admit(request) == RUN
+        assert coordinator.gate.redeliveries.admit(request) == RUN
         request.leader_recorded = True
-    assert coordinator.overlaps.admit(running, "key", Overlap.BUFFER_ONE) == RUN
-    assert coordinator.overlaps.admit(waiting, "key", Overlap.BUFFER_ONE) == WAIT
+    assert coordinator.gate.overlaps.admit(running, "key", Overlap.BUFFER_ONE) == RUN
+    assert coordinator.gate.overlaps.admit(waiting, "key", Overlap.BUFFER_ONE) == WAIT
     again = Request("b", "tag-b2")  # the broker's delivery after the reconnect
-    assert coordinator.redeliveries.admit(again) == WAIT, "before: held behind 'b'"
+    assert coordinator.gate.redeliveries.admit(again) == WAIT, "before: held behind 'b'"
     coordinator.detach()
-    assert coordinator.redeliveries.admit(Request("b", "tag-b3")) == RUN
+    assert coordinator.gate.redeliveries.admit(Request("b", "tag-b3")) == RUN

@@ -298,22 +298,22 @@ def test_the_gate_acknowledges_a_completed_runs_own_message_without_touching_its
     backend = Backend({"a": "SUCCESS", "old": "SUCCESS"})
     completed(coordinator.default.occurrences, SLOT, task_id="a")
     again = GateReq("a", backend)
-    assert coordinator.admit_occurrence(again) is False
+    assert coordinator.gate.admit_occurrence(again) is False
     assert again.acked and backend.written == []
 
     # Another message of the occurrence: SKIPPED, as before.
     other = GateReq("b", backend)
-    assert coordinator.admit_occurrence(other) is False
+    assert coordinator.gate.admit_occurrence(other) is False
     assert other.acked and backend.written == [("b", "SKIPPED")]
 
     # A run whose id the record does not keep (an older item read from the store): its
     # result is ready in the backend, and is never overwritten.
     older = GateReq("old", backend)
-    assert coordinator.admit_occurrence(older) is False
+    assert coordinator.gate.admit_occurrence(older) is False
     assert older.acked and backend.written == [("b", "SKIPPED")]
 
     fresh = GateReq("c", backend, occurrence=NEXT)
-    assert coordinator.admit_occurrence(fresh) is True
+    assert coordinator.gate.admit_occurrence(fresh) is True
     assert not fresh.acked
 
 
