@@ -471,7 +471,7 @@ class RedisLeaseStore:
             reply = self._acquire(
                 keys=_acquire_keys(name), args=_acquire_args(holder, ttl, min_token)
             )
-        self._warn_if_evicting()
+        self._check_server_once()
         return self._acquired(reply)
 
     def _acquired(self, reply: Any) -> AcquireResult:
@@ -501,11 +501,19 @@ class RedisLeaseStore:
             self.url,
         )
 
-    def _warn_if_evicting(self) -> None:
-        """Once per store: warn when the server may evict the lease's keys."""
+    def _check_server_once(self) -> None:
+        """Once per store, after its first acquire: warn of server settings that break a guarantee.
+
+        On the caller's thread, within the store's call timeout per read;
+        never raises.
+        """
         if self._eviction_checked:
             return
         self._eviction_checked = True
+        self._check_server()
+
+    def _check_server(self) -> None:
+        """Warn when the server may evict the lease's keys."""
         try:
             memory = self._client.info("memory")
         except redis.RedisError:
@@ -554,7 +562,7 @@ class RedisLeaseStore:
             self.batches = False
             return self._one_by_one(renewals, acquires, ttl)
         if acquires:
-            self._warn_if_evicting()
+            self._check_server_once()
         answers: list[AcquireResult | StoreError] = []
         for request, reply in zip(acquires, acquired, strict=False):
             if int(reply[0]) == -1:

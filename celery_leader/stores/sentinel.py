@@ -27,13 +27,18 @@ redis-py asks the sentinels only when it opens a connection, so nothing
 tells the holder. Configure the primary with ``min-replicas-to-write 1`` and
 ``min-replicas-max-lag`` below the ttl (it then refuses the renewals it
 cannot replicate, and the holder declares loss in time), or fence the
-work (tokens keep rising). Tokens keep rising as long as the servers' clocks agree to within
-the time since the last token was granted (they are microseconds of server
+work (tokens keep rising). The store reads the primary's setting once
+per process and URL, after its first acquire (:func:`check_fencing`), and
+warns when it lets unreplicated writes through. Tokens keep rising as
+long as the servers' clocks agree to within the time since the last token
+was granted (they are microseconds of server
 time). A failover while no one leads costs nothing.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Mapping
 from typing import Any, ClassVar, NamedTuple
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -47,6 +52,12 @@ from celery_leader._masking import mask_url, split_urls
 from celery_leader.exceptions import ConfigurationError
 from celery_leader.stores.base import LeaseStoreClass
 from celery_leader.stores.redis import RedisLeaseStore
+
+logger = logging.getLogger(__name__)
+
+#: The masked URLs whose primary was checked in this process (each is warned of once).
+_CHECKED: set[str] = set()
+_CHECKED_LOCK = threading.Lock()
 
 #: The store option naming the primary when the URL does not.
 MASTER_NAME = "leader_sentinel_master_name"
@@ -170,7 +181,55 @@ class SentinelLeaseStore(RedisLeaseStore):
             client_name="celery-leader",
             **connection,
         )
-        return cls(client, url)
+        store = cls(client, url)
+        store.master_name = master_name
+        return store
+
+    #: The name the sentinels monitor the primary under.
+    master_name: str = ""
+    #: True once this store looked at the primary's min-replicas-to-write.
+    fencing_checked = False
+
+    def _check_server(self) -> None:
+        """The Redis store's checks, and whether the primary fences a holder cut off with it."""
+        super()._check_server()
+        with _CHECKED_LOCK:
+            first = self.url not in _CHECKED
+            _CHECKED.add(self.url)
+        if first:
+            check_fencing(self._client, self.master_name)
+        self.fencing_checked = True
+
+
+def check_fencing(client: redis.Redis, master_name: str) -> None:
+    """Warn when the primary accepts writes no replica got (``min-replicas-to-write 0``).
+
+    Such a primary, cut off with a holder, keeps taking its renewals while
+    the sentinels promote a replica: two workers lead until the partition
+    heals. Read with ``CONFIG GET``; a user not allowed to read it (an ACL,
+    a renamed CONFIG) is told at INFO. Never raises.
+    """
+    try:
+        found = client.config_get("min-replicas-*")
+    except redis.ResponseError as exc:
+        logger.info(
+            "celery-leader: cannot read min-replicas-to-write of Sentinel primary %r (%s): make "
+            "sure it is 1 or more, with min-replicas-max-lag below the lease ttl",
+            master_name,
+            str(exc).split("\n", 1)[0][:120],
+        )
+        return
+    except (redis.RedisError, OSError):
+        return
+    if int(found.get("min-replicas-to-write", 0) or 0) < 1:
+        logger.warning(
+            "celery-leader: Sentinel primary %r has min-replicas-to-write 0: a holder cut off "
+            "together with it keeps renewing there while the sentinels promote a replica, and "
+            "two workers lead until the partition heals. Set min-replicas-to-write 1 and "
+            "min-replicas-max-lag below the lease ttl on the primary and its replicas, or fence "
+            "the work with the lease token",
+            master_name,
+        )
 
 
 #: The class declares what the registry, the settings and the tests read (checked by mypy).

@@ -118,3 +118,43 @@ def test_a_failover_to_a_replica_that_missed_the_acquire_holds_the_next_holder_o
     finally:
         store.close()
         servers.stop()
+
+
+def _fencing_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "min-replicas-to-write" in r.getMessage()]
+
+
+def test_a_primary_that_accepts_unreplicated_writes_is_warned_of_once(tmp_path, caplog):
+    """Without min-replicas-to-write, a holder cut off with the old primary renews there while
+    the sentinels promote a replica: the store says so once, and not when it is set."""
+    sentinels = SentinelRedis(tmp_path).start()
+    try:
+        caplog.set_level("WARNING", logger="celery_leader.stores.sentinel")
+        for index in range(2):  # two stores of one process on one URL
+            store = open_store(sentinels.url, timeout=2)
+            try:
+                assert store.acquire(f"fenced{index}", Holder.for_this_process("n"), 5).acquired
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline and not _fencing_warnings(caplog):
+                    time.sleep(0.05)
+            finally:
+                store.close()
+        warned = _fencing_warnings(caplog)
+        assert len(warned) == 1, warned
+        assert "min-replicas-max-lag" in warned[0] and sentinels.master_name in warned[0]
+        caplog.clear()
+        sentinels.primary.client().config_set("min-replicas-to-write", 1)
+        sentinels.primary.client().config_set("min-replicas-max-lag", 2)
+        # Another URL (db 1): warned of once per URL, so this one is checked afresh.
+        store = open_store(sentinels.url.replace("/0?", "/1?"), timeout=2)
+        try:
+            assert store.acquire("fenced2", Holder.for_this_process("n"), 5).acquired
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not store.fencing_checked:
+                time.sleep(0.05)
+            assert store.fencing_checked, "the check ran"
+        finally:
+            store.close()
+        assert _fencing_warnings(caplog) == []
+    finally:
+        sentinels.stop()
