@@ -29,7 +29,9 @@ tells the holder. Configure the primary with ``min-replicas-to-write 1`` and
 cannot replicate, and the holder declares loss in time), or fence the
 work (tokens keep rising). Tokens keep rising as long as the servers' clocks agree to within
 the time since the last token was granted (they are microseconds of server
-time). A failover while no one leads costs nothing.
+time). A failover while no one leads costs nothing. As with Redis alone, every
+call is one command, so a client stopped or cut off in the middle of one
+holds nothing on the server.
 """
 
 from __future__ import annotations

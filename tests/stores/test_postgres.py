@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -171,3 +172,12 @@ def test_a_schema_of_an_earlier_version_gets_the_acquire_function(server):
         assert not refused.acquired and refused.holder is not None and refused.holder.token == 7
     finally:
         owner.close()
+
+
+def test_the_readme_prints_the_schema_the_store_creates():
+    """Teams that manage schemas copy the README's SQL: it must be DDL, word for word."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    notes = readme[readme.index("**PostgreSQL notes.**") :]
+    begin = notes.index("```sql\n") + len("```sql\n")
+    printed = notes[begin : notes.index("\n```", begin)]
+    assert printed.split() == DDL.split()
