@@ -65,10 +65,14 @@ Clocks and failover: expiry runs on the server's wall clock, so a step
 forward of the server's clock ends every lease early, while its holder
 still trusts it (as on Redis: slew the server's clock, never step it).
 Replication is asynchronous: a holder cut off together with the old primary
-can go on renewing there while a standby is promoted, unless the failover
-manager fences the old primary (Patroni, pg_auto_failover), or a
-synchronous standby is required (``synchronous_standby_names``), so that a
-primary cut off from it cannot commit.
+can go on renewing there while a standby is promoted (two holders at once;
+the hold-off on the new timeline covers the old holder only if the old
+primary takes no write after the promotion). The failover manager must
+fence the old primary (demote or stop it first: Patroni with its watchdog,
+pg_auto_failover), or only a synchronous standby
+(``synchronous_standby_names``) may be promoted: the store commits with
+``synchronous_commit = on``, so a primary cut off from it acknowledges no
+renewal.
 """
 
 from __future__ import annotations
