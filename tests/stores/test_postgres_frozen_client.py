@@ -14,6 +14,11 @@ announces on, and the next leader is elected as soon as the lease is free.
 
 from __future__ import annotations
 
+import os
+import random
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -106,6 +111,45 @@ def test_a_follower_frozen_in_its_acquire_never_stalls_the_leader(server, proxy,
     finally:
         for store in (leader, follower, other):
             store.close()
+
+
+#: A follower process that acquires in a loop (it never gets the lease: the leader holds it).
+FOLLOWER_LOOP = """
+import sys
+from celery_leader.stores import Holder, open_store
+store = open_store(sys.argv[1], timeout=float(sys.argv[2]))
+holder = Holder("follower", "n2", "h", 2)
+assert not store.acquire("job", holder, 4.0).acquired
+print("ready", flush=True)
+while True:
+    store.acquire("job", holder, 4.0)
+"""
+
+
+def test_a_follower_process_stopped_at_any_moment_never_stalls_the_leader(server):
+    """A real follower process, acquiring in a loop, stopped (SIGSTOP) 30 times at random
+    moments: whenever it stops, the leader's renewal must go through."""
+    leader = open_store(server.url, timeout=LEADER_TIMEOUT)
+    assert leader.acquire("job", LEADER, 4.0).acquired
+    follower = subprocess.Popen(
+        [sys.executable, "-c", FOLLOWER_LOOP, server.url, str(FROZEN_TIMEOUT)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert follower.stdout is not None and follower.stdout.readline().strip() == "ready"
+        chance = random.Random(7)
+        for _ in range(30):
+            time.sleep(chance.uniform(0.0, 0.02))
+            os.kill(follower.pid, signal.SIGSTOP)
+            try:
+                assert leader.renew("job", LEADER.lease_id, 4.0), "the leader's lease was lost"
+            finally:
+                os.kill(follower.pid, signal.SIGCONT)
+    finally:
+        follower.kill()
+        follower.wait(timeout=10)
+        leader.close()
 
 
 @pytest.mark.parametrize("requests", [1, 2, 3])
