@@ -10,6 +10,8 @@ is closed (the proxy keeps the server's side of the connection open, as a
 stopped process or a silent network does). Every call of the store must then
 leave nothing held on the server: the leader renews on, another member
 announces on, and the next leader is elected as soon as the lease is free.
+A real follower process stopped at random moments checks the same without
+the proxy.
 """
 
 from __future__ import annotations
