@@ -9,6 +9,10 @@ one connection since the switch, hold the rest: a call of several round
 trips, each just in time, that then hangs). :meth:`FaultProxy.after_next_reply`
 switches mode right after the next reply reaches a client (e.g. right after a
 renewal) and closes the connections, so the next call starts a fresh one.
+:meth:`FaultProxy.freeze_after_requests` lets the next *n* requests of a
+client through and then freezes (mode ``freeze``): nothing more goes either
+way, and a connection the client closes stays open towards the server, as
+for a client stopped (SIGSTOP) or cut off right after its *n*-th request.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class FaultProxy:
         self.hang_after = 0
         self._epoch = 0  # bumped on every switch: replies are counted from it
         self._armed: tuple[str, float, int] | None = None
+        self._freeze_after: int | None = None  # requests left to let through, then freeze
         self._listener = socket.create_server(("127.0.0.1", self.port))
         self._listener.settimeout(0.2)
         self._conns: list[socket.socket] = []
@@ -48,6 +53,14 @@ class FaultProxy:
     def after_next_reply(self, mode: str, delay: float = 0.0, hang_after: int = 0) -> None:
         """Switch to *mode*, closing every connection, once the next server reply is forwarded."""
         self._armed = (mode, delay, hang_after)
+
+    def freeze_after_requests(self, requests: int) -> None:
+        """Forward the next *requests* client writes, then freeze (see the module docstring).
+
+        A "request" is one chunk the client sent: a PostgreSQL client that waits
+        for each reply sends one statement per chunk.
+        """
+        self._freeze_after = requests
 
     def _close_all(self) -> None:
         with self._lock:
@@ -93,21 +106,35 @@ class FaultProxy:
                 if self.mode == "drop":
                     break
                 dst.sendall(data)
-                if replies:
-                    count += 1
-                    armed, self._armed = self._armed, None
-                    if armed is not None:
-                        self.set_mode(*armed)
-                        self._close_all()
+                count += self._forwarded(replies)
         except OSError:
             pass
         finally:
+            # A frozen client closes nothing: the server keeps its session (until close()).
+            while self.mode == "freeze" and not self._closed.is_set():
+                time.sleep(0.05)
             for sock in (src, dst):
                 with contextlib.suppress(OSError):
                     sock.close()
 
+    def _forwarded(self, replies: bool) -> int:
+        """A chunk went through: switch as armed; returns 1 for a reply (0 for a request)."""
+        if not replies:
+            # A request: freeze when it was the last one to let through.
+            if self._freeze_after is not None:
+                self._freeze_after -= 1
+                if self._freeze_after <= 0:
+                    self._freeze_after = None
+                    self.set_mode("freeze")
+            return 0
+        armed, self._armed = self._armed, None
+        if armed is not None:
+            self.set_mode(*armed)
+            self._close_all()
+        return 1
+
     def _holds(self, replies: bool, count: int) -> bool:
-        if self.mode == "blackhole":
+        if self.mode in ("blackhole", "freeze"):
             return True
         return self.mode == "trickle" and replies and count >= self.hang_after
 

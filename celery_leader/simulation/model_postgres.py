@@ -1,13 +1,14 @@
 """A model of the PostgreSQL lease store: the Redis model's decisions on a row, and its faults.
 
 What the real store does (:mod:`celery_leader.stores.postgres`): one row per
-election, expiry on the server's clock, an acquire in one transaction that
-applies :mod:`celery_leader.stores.rules` exactly as the Redis script does,
-renew and release as compare-and-set updates, a release announced with
-``NOTIFY``. So the decisions are those of :class:`~.model_store.ModelStore`
-(the lease record is the row's lease columns; the meta record is its
-``lease_end_us`` and ``incarnation``; the counter is the sequence). What
-differs is what can happen to the data, and what the epoch is:
+election, expiry on the server's clock, an acquire in one statement (a
+server-side function) that applies :mod:`celery_leader.stores.rules`
+exactly as the Redis script does, renew and release as compare-and-set
+updates, a release announced with ``NOTIFY``. So the decisions are those
+of :class:`~.model_store.ModelStore` (the lease record is the row's lease
+columns; the meta record is its ``lease_end_us`` and ``incarnation``; the
+counter is the sequence). What differs is what can happen to the data, and
+what the epoch is:
 
 * **Epoch** (the row's ``incarnation``): the cluster's system identifier,
   its timeline and the server's start time. Every restart changes the start

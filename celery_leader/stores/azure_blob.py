@@ -64,6 +64,12 @@ Azure's rules, and what follows from them:
   succeed on the real service. So the failover bound after a crash on Azure is
   ttl + up to 60 s; a release (shutdown, step-down) is seen by standbys at
   their next look, ``leader_azure_watch_interval`` (0.5 s) later.
+* **A stopped or cut-off client holds a blob lease at most its duration**:
+  the only thing Azure keeps for a client between its requests is a lease,
+  and Azure ends it on its own clock. A client stopped after acquiring a
+  free blob (before writing its record) holds the election until its lease
+  runs out, 15..60 s, as any holder that stopped; its write after that
+  fails. It never holds anything that a live holder's renewal waits on.
 * **No notifications**: Azure has no pub/sub for leases, so standbys look at
   the blob's lease state (one HEAD request) every watch interval.
 * **No time left**: Azure does not say how long a lease has left;

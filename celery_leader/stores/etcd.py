@@ -43,6 +43,13 @@ a new ``--initial-cluster-token`` (a new cluster id: always noticed), or
 start the workers one ttl after etcd. (``--bump-revision`` alone would hide
 the restore from the revision check.)
 
+A client stopped (SIGSTOP, a paused container) or cut off between two of
+its requests holds nothing the others wait on: etcd has no locks, every
+request (a transaction too) is applied whole or not at all, and what a
+client does hold is an etcd lease, which ends at its TTL once nobody keeps
+it alive (a lease granted for an acquire that never followed, or the term of
+a holder that stopped).
+
 Members (for balancing named elections) are keys attached to an etcd lease
 of the announcing process; their expiry is judged on the readers' wall
 clocks (an etcd TTL cannot be shorter than a second), which only decides

@@ -6,10 +6,12 @@ beforehand with :data:`DDL` (the README prints it), and the store then needs
 only SELECT, INSERT, UPDATE, DELETE on them and USAGE on the sequence.
 
 How: one row per election in ``celery_leader_lease``, expiry on the
-server's clock (``clock_timestamp()``, in microseconds), acquire in one
-transaction that locks the election's row (``SELECT ... FOR UPDATE``) and
-applies :mod:`celery_leader.stores.rules`, renew and release as single
-compare-and-set ``UPDATE`` statements. Tokens come from the sequence
+server's clock (``clock_timestamp()``, in microseconds), acquire as one
+statement that calls the server-side function ``celery_leader_acquire()``
+(it locks the election's row and applies :mod:`celery_leader.stores.rules`
+in SQL; ``tests/stores/test_rules_oracle.py`` holds it to them), renew and
+release as single compare-and-set ``UPDATE`` statements, a member's
+announce as one statement too. Tokens come from the sequence
 ``celery_leader_token_seq`` (never rolled back, kept on disk) as
 ``max(nextval, server time in us, min + 1)``. A release sends
 ``NOTIFY celery_leader_release`` with the election's name; each process
@@ -29,9 +31,48 @@ lease gone before its recorded end (deleted by hand) holds the new holder
 off one ttl. The store's sessions commit synchronously whatever the server's
 default. Not told apart: a dump loaded into the same running server.
 
-Timeouts: ``statement_timeout`` and ``lock_timeout`` end slow statements on
-the server; a call that gets no answer at all (a paused server, a partition
-TCP does not notice) is ended by shutting its socket down at the deadline.
+Nothing held between two round trips: a row lock lasts until its
+transaction ends, and a client that stops (SIGSTOP, a paused container) or
+is cut off between two statements of a transaction leaves its session "idle
+in transaction", holding the lock until the server notices. Every call of
+the store is one statement in its own transaction, so the server runs it to
+the end and lets go of its locks whether or not the client is still there:
+a follower frozen in its acquire cannot stall the leader's renewals. (Only
+the creation of a missing schema is a transaction of two statements.)
+
+Session guards, set on every connection the store opens (as startup
+options, so they hold whatever the server's defaults are; the bound is the
+store's timeout, ``leader_store_timeout``, which is below the ttl):
+
+* ``statement_timeout`` and ``lock_timeout``: a slow statement, or one
+  waiting on a lock, ends within the bound.
+* ``idle_in_transaction_session_timeout`` (the bound, at least 1 s): the
+  server ends a session whose transaction sits idle, its client stopped or
+  cut off between two statements, and its locks go with it.
+* ``tcp_keepalives_idle``/``_interval``/``_count`` (1 s, 1 s, 3) and
+  ``tcp_user_timeout`` (the bound, at least 1 s), on the server's side: a
+  client whose host died or was cut off is noticed in seconds, not after the
+  two hours of the OS's keepalive defaults, whether its session was idle or
+  had data in flight. A stopped process on a live host still answers
+  keepalives: the statement and idle-transaction bounds cover it.
+* ``keepalives``, ``keepalives_idle``/``_interval``/``_count`` and
+  ``tcp_user_timeout`` in libpq's conninfo, on the client's side: the same
+  for a server that vanished. A call that gets no answer at all (a paused
+  server, a partition TCP has not noticed yet) is ended by shutting its
+  socket down at the deadline.
+
+Clocks and failover: expiry runs on the server's wall clock, so a step
+forward of the server's clock ends every lease early, while its holder
+still trusts it (as on Redis: slew the server's clock, never step it).
+Replication is asynchronous: a holder cut off together with the old primary
+can go on renewing there while a standby is promoted (two holders at once;
+the hold-off on the new timeline covers the old holder only if the old
+primary takes no write after the promotion). The failover manager must
+fence the old primary (demote or stop it first: Patroni with its watchdog,
+pg_auto_failover), or only a synchronous standby
+(``synchronous_standby_names``) may be promoted: the store commits with
+``synchronous_commit = on``, so a primary cut off from it acknowledges no
+renewal.
 """
 
 from __future__ import annotations
@@ -47,7 +88,6 @@ from urllib.parse import parse_qsl, unquote
 
 from celery_leader._masking import mask_text, mask_url
 from celery_leader.exceptions import StoreCallTimeoutError, StoreError, StoreUnreachableError
-from celery_leader.stores import rules
 from celery_leader.stores.base import (
     AcquireResult,
     Capability,
@@ -102,6 +142,64 @@ CREATE TABLE IF NOT EXISTS celery_leader_member (
     expires_at_us bigint NOT NULL,
     PRIMARY KEY (grp, member)
 );
+-- The acquire, in one statement (celery_leader/stores/rules.py, in SQL).
+CREATE OR REPLACE FUNCTION celery_leader_acquire(
+    p_name text, p_lease_id text, p_nodename text, p_hostname text, p_pid integer,
+    p_ttl_us bigint, p_min_token bigint,
+    OUT o_acquired boolean, OUT o_token bigint, OUT o_hold_off_us bigint,
+    OUT o_lease_id text, OUT o_nodename text, OUT o_hostname text, OUT o_pid integer,
+    OUT o_held_token bigint, OUT o_acquired_at double precision, OUT o_expires_at_us bigint,
+    OUT o_hold_until_us bigint, OUT o_ttl_us bigint, OUT o_now_us bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    r record;
+    seen text;
+    live boolean;
+    own_hold_until bigint := 0;
+    forgot boolean;
+    hold_until bigint;
+    drawn bigint;
+BEGIN
+    INSERT INTO celery_leader_lease (name) VALUES (p_name) ON CONFLICT DO NOTHING;
+    SELECT * INTO STRICT r FROM celery_leader_lease WHERE name = p_name FOR UPDATE;
+    o_now_us := celery_leader_now_us();
+    seen := celery_leader_incarnation();
+    live := r.lease_id IS NOT NULL AND r.expires_at_us > o_now_us;
+    IF live AND r.lease_id <> p_lease_id THEN
+        o_acquired := false;
+        o_lease_id := r.lease_id; o_nodename := r.nodename; o_hostname := r.hostname;
+        o_pid := r.pid; o_held_token := r.token; o_acquired_at := r.acquired_at;
+        o_expires_at_us := r.expires_at_us; o_hold_until_us := r.hold_until_us;
+        o_ttl_us := r.ttl_us;
+        RETURN;
+    END IF;
+    IF live THEN
+        own_hold_until := r.hold_until_us;  -- our own lease (a lost reply): its hold-off runs on
+    END IF;
+    -- rules.store_forgot: no record (first use, or a database without its row), another
+    -- incarnation, or a lease gone before its recorded end (rules.lease_vanished_early).
+    forgot := r.incarnation IS NULL OR r.incarnation <> seen
+        OR (NOT live AND r.lease_end_us > o_now_us);
+    -- rules.hold_off
+    o_hold_off_us := GREATEST(0, own_hold_until - o_now_us);
+    hold_until := own_hold_until;
+    IF forgot THEN
+        hold_until := GREATEST(hold_until, o_now_us + p_ttl_us);
+        o_hold_off_us := GREATEST(o_hold_off_us, p_ttl_us);
+    END IF;
+    -- rules.next_token, the sequence's last value being drawn - 1
+    drawn := nextval('celery_leader_token_seq');
+    o_token := GREATEST(drawn, o_now_us, p_min_token + 1);
+    IF o_token <> drawn THEN
+        PERFORM setval('celery_leader_token_seq', o_token);
+    END IF;
+    UPDATE celery_leader_lease SET lease_id = p_lease_id, nodename = p_nodename,
+        hostname = p_hostname, pid = p_pid, token = o_token, acquired_at = o_now_us / 1e6,
+        expires_at_us = o_now_us + p_ttl_us, hold_until_us = hold_until, ttl_us = p_ttl_us,
+        lease_end_us = o_now_us + p_ttl_us, incarnation = seen
+        WHERE name = p_name;
+    o_acquired := true;
+END $$;
 """
 
 #: True when every object of DDL is there.
@@ -112,8 +210,22 @@ _SCHEMA_COMPLETE = (
     " AND to_regclass('celery_leader_member') IS NOT NULL"
     " AND to_regprocedure('celery_leader_now_us()') IS NOT NULL"
     " AND to_regprocedure('celery_leader_incarnation()') IS NOT NULL"
+    " AND to_regprocedure('celery_leader_acquire(text, text, text, text, integer, bigint, bigint)')"
+    " IS NOT NULL"
 )
 _SCHEMA_LOCK = 0x63656C6C  # the advisory lock the schema is created under ("cell")
+
+#: Said when part of the schema is missing and the store's role may not create it (a
+#: schema made beforehand by an earlier version, which had no celery_leader_acquire()).
+ERR_SCHEMA_INCOMPLETE = (
+    "the schema is incomplete (made by an earlier version?) and this role may not"
+    " complete it: run celery_leader.stores.postgres.DDL (printed in the README's"
+    ' "PostgreSQL notes") as the owner of the tables; it keeps what is there'
+)
+
+
+class _SchemaNotCreatableError(Exception):
+    """Part of the schema is missing, and the role may not create it."""
 
 
 def _psycopg() -> Any:
@@ -193,6 +305,10 @@ class PostgresLeaseStore:
                     conn = shared.connection()
                     with deadline.on(conn):
                         return body(conn)
+                except _SchemaNotCreatableError:
+                    raise StoreError(
+                        f"lease store {self.url}: {what} failed: {ERR_SCHEMA_INCOMPLETE}"
+                    ) from None
                 except psycopg.errors.QueryCanceled as exc:
                     shared.drop()
                     raise StoreCallTimeoutError(self._message(what, exc)) from None
@@ -227,67 +343,39 @@ class PostgresLeaseStore:
     # -- the lease --------------------------------------------------------------
 
     def acquire(self, name: str, holder: Holder, ttl: float, min_token: int = 0) -> AcquireResult:
-        """Take the lease when free, expired or ours, with a new token (one transaction)."""
-        ttl_us = int(ttl * 1e6)
+        """Take the lease when free, expired or ours, with a new token: one statement.
+
+        ``celery_leader_acquire()`` (in :data:`DDL`) applies
+        :mod:`celery_leader.stores.rules` on the server, holding the row's lock
+        only while it runs: a caller that stops or is cut off after sending it
+        holds nothing (``tests/stores/test_rules_oracle.py`` holds the function
+        to the rules).
+        """
 
         def body(conn: Any) -> AcquireResult:
-            with conn.transaction():
-                conn.execute(
-                    "INSERT INTO celery_leader_lease (name) VALUES (%s) ON CONFLICT DO NOTHING",
-                    (name,),
+            row = conn.execute(
+                "SELECT * FROM celery_leader_acquire(%s::text, %s::text, %s::text, %s::text,"
+                " %s::integer, %s::bigint, %s::bigint)",
+                (
+                    name,
+                    holder.lease_id,
+                    holder.nodename,
+                    holder.hostname,
+                    holder.pid,
+                    int(ttl * 1e6),
+                    int(min_token),
+                ),
+            ).fetchone()
+            acquired, token, hold_off_us, now_us = row[0], row[1], row[2], int(row[12])
+            if not acquired:
+                # The holder's columns, in the order _record reads them.
+                held = (row[3], row[4], row[5], row[6], row[7], row[8], row[9], row[10], row[11])
+                return AcquireResult(
+                    acquired=False,
+                    holder=_record(held, now_us),
+                    retry_in=(int(row[9]) - now_us) / 1e6,
                 )
-                row = conn.execute(
-                    "SELECT lease_id, nodename, hostname, pid, token, acquired_at, expires_at_us,"
-                    " hold_until_us, ttl_us, lease_end_us, incarnation, celery_leader_now_us(),"
-                    " celery_leader_incarnation() FROM celery_leader_lease WHERE name = %s"
-                    " FOR UPDATE",
-                    (name,),
-                ).fetchone()
-                lease_id, expires_at_us, hold_until_us = row[0], row[6], row[7]
-                lease_end_us, recorded, now_us, seen = row[9], row[10], row[11], row[12]
-                live = lease_id is not None and expires_at_us > now_us
-                own_hold_until = 0
-                if live:
-                    if lease_id != holder.lease_id:
-                        return AcquireResult(
-                            acquired=False,
-                            holder=_record(row, now_us),
-                            retry_in=(expires_at_us - now_us) / 1e6,
-                        )
-                    own_hold_until = int(hold_until_us)
-                forgot = rules.store_forgot(
-                    counter_missing=recorded is None,  # first use, or a database without its row
-                    data_replaced=recorded is not None and recorded != seen,
-                    vanished_early=rules.lease_vanished_early(live, int(lease_end_us), now_us),
-                )
-                hold_until, hold_off_us = rules.hold_off(
-                    now=now_us, ttl=ttl_us, own_hold_until=own_hold_until, forgot=forgot
-                )
-                (drawn,) = conn.execute("SELECT nextval('celery_leader_token_seq')").fetchone()
-                token = rules.next_token(int(drawn) - 1, now_us, min_token)
-                if token != drawn:
-                    conn.execute("SELECT setval('celery_leader_token_seq', %s)", (token,))
-                conn.execute(
-                    "UPDATE celery_leader_lease SET lease_id = %s, nodename = %s, hostname = %s,"
-                    " pid = %s, token = %s, acquired_at = %s, expires_at_us = %s,"
-                    " hold_until_us = %s, ttl_us = %s, lease_end_us = %s, incarnation = %s"
-                    " WHERE name = %s",
-                    (
-                        holder.lease_id,
-                        holder.nodename,
-                        holder.hostname,
-                        holder.pid,
-                        token,
-                        now_us / 1e6,
-                        now_us + ttl_us,
-                        hold_until,
-                        ttl_us,
-                        now_us + ttl_us,
-                        seen,
-                        name,
-                    ),
-                )
-            return AcquireResult(acquired=True, token=token, hold_off=hold_off_us / 1e6)
+            return AcquireResult(acquired=True, token=int(token), hold_off=int(hold_off_us) / 1e6)
 
         result: AcquireResult = self._call("acquire", body)
         return result
@@ -387,25 +475,30 @@ class PostgresLeaseStore:
     # -- members (balancing) ----------------------------------------------------
 
     def announce(self, group: str, member: str, payload: str, ttl: float) -> dict[str, str]:
-        """See :class:`~celery_leader.stores.base.Presence`: on the server's clock."""
+        """See :class:`~celery_leader.stores.base.Presence`: on the server's clock, one statement.
+
+        The member's row is written, the group's expired rows swept and the
+        live ones read by one statement (one clock reading), so a member that
+        stops after sending it holds no row another member's sweep needs.
+        """
 
         def body(conn: Any) -> Any:
-            with conn.transaction():
-                conn.execute(
-                    "INSERT INTO celery_leader_member (grp, member, payload, expires_at_us)"
-                    " VALUES (%s, %s, %s, celery_leader_now_us() + %s)"
-                    " ON CONFLICT (grp, member) DO UPDATE SET payload = EXCLUDED.payload,"
-                    " expires_at_us = EXCLUDED.expires_at_us",
-                    (group, member, payload, int(ttl * 1e6)),
-                )
-                conn.execute(
-                    "DELETE FROM celery_leader_member"
-                    " WHERE grp = %s AND expires_at_us <= celery_leader_now_us()",
-                    (group,),
-                )
-                rows = conn.execute(
-                    "SELECT member, payload FROM celery_leader_member WHERE grp = %s", (group,)
-                ).fetchall()
+            rows = conn.execute(
+                "WITH clock AS (SELECT celery_leader_now_us() AS now_us),"
+                " written AS (INSERT INTO celery_leader_member (grp, member, payload,"
+                " expires_at_us) SELECT %(grp)s, %(member)s, %(payload)s, now_us + %(ttl_us)s"
+                " FROM clock ON CONFLICT (grp, member) DO UPDATE SET payload = EXCLUDED.payload,"
+                " expires_at_us = EXCLUDED.expires_at_us RETURNING member, payload),"
+                " swept AS (DELETE FROM celery_leader_member m USING clock WHERE m.grp = %(grp)s"
+                " AND m.member <> %(member)s AND m.expires_at_us <= clock.now_us)"
+                # The statement's snapshot is from before its own writes: the member's own
+                # row comes from `written`, the others' from the table.
+                " SELECT member, payload FROM written UNION ALL"
+                " SELECT m.member, m.payload FROM celery_leader_member m, clock"
+                " WHERE m.grp = %(grp)s AND m.member <> %(member)s"
+                " AND m.expires_at_us > clock.now_us",
+                {"grp": group, "member": member, "payload": payload, "ttl_us": int(ttl * 1e6)},
+            ).fetchall()
             return {str(m): str(p) for m, p in rows}
 
         members: dict[str, str] = self._call("presence", body)
@@ -483,24 +576,50 @@ class _Deadline:
 
 
 def _connect(dsn: str, timeout: float, application: str) -> Any:
-    """A connection whose calls and whose silence are bounded by about *timeout* seconds."""
+    """A connection whose calls and whose silence are bounded by about *timeout* seconds.
+
+    Each setting and what it guards is listed in the module docstring
+    (*Session guards*).
+    """
     millis = max(1, int(timeout * 1000))
+    # On the server: a statement, a lock wait and a transaction left idle (its client
+    # stopped or cut off between two statements) end within one call's bound; a silent
+    # peer is probed after 1 s and given up after 3 probes, and data it never
+    # acknowledges after the same bound. synchronous_commit on: an acquire is acknowledged
+    # only once it is on disk (and on synchronous standbys), whatever the server's default.
+    guards = {
+        "statement_timeout": millis,
+        "lock_timeout": millis,
+        "idle_in_transaction_session_timeout": max(millis, _GUARD_FLOOR_MS),
+        "tcp_keepalives_idle": _KEEPALIVE_IDLE_S,
+        "tcp_keepalives_interval": _KEEPALIVE_INTERVAL_S,
+        "tcp_keepalives_count": _KEEPALIVE_COUNT,
+        "tcp_user_timeout": max(millis, _GUARD_FLOOR_MS),
+        "synchronous_commit": "on",
+    }
     return _psycopg().connect(
         dsn,
         autocommit=True,
         connect_timeout=max(1, int(timeout + 0.999)),
-        # A statement that waits on a lock or a slow server gives up within the timeout;
-        # a peer that went silent is noticed in seconds, not in TCP's two hours.
-        # synchronous_commit on: an acquire is acknowledged only once it is on disk (and
-        # on synchronous standbys), whatever the server's default says.
-        options=f"-c statement_timeout={millis} -c lock_timeout={millis} -c synchronous_commit=on",
+        options=" ".join(f"-c {name}={value}" for name, value in guards.items()),
+        # On the client: the same probes and bound, so a server that vanished is noticed
+        # by the client too (a call in flight also ends at its deadline, see _Deadline).
         keepalives=1,
-        keepalives_idle=1,
-        keepalives_interval=1,
-        keepalives_count=3,
-        tcp_user_timeout=max(millis, 1000),
+        keepalives_idle=_KEEPALIVE_IDLE_S,
+        keepalives_interval=_KEEPALIVE_INTERVAL_S,
+        keepalives_count=_KEEPALIVE_COUNT,
+        tcp_user_timeout=max(millis, _GUARD_FLOOR_MS),
         application_name=application,
     )
+
+
+#: TCP keepalive probes (both ends): the first after 1 s of silence, then every second,
+#: the peer given up after 3 unanswered ones.
+_KEEPALIVE_IDLE_S = 1
+_KEEPALIVE_INTERVAL_S = 1
+_KEEPALIVE_COUNT = 3
+#: The shortest idle-transaction and unacknowledged-data bounds (ms), for tiny timeouts.
+_GUARD_FLOOR_MS = 1000
 
 
 class _Connection:
@@ -556,11 +675,20 @@ class _Connection:
             # Every new connection makes sure of the schema (connections are rare): a
             # database restored or recreated without the tables gets them back. Only what
             # is missing needs CREATE: a schema made beforehand needs no such privilege.
-            (complete,) = conn.execute(_SCHEMA_COMPLETE).fetchone()
-            if not complete:
-                with conn.transaction():
-                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-                    conn.execute(DDL)
+            try:
+                (complete,) = conn.execute(_SCHEMA_COMPLETE).fetchone()
+                if not complete:
+                    # CREATE OR REPLACE and IF NOT EXISTS: also brings an earlier version's
+                    # schema up to date, keeping its rows.
+                    with conn.transaction():
+                        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                        conn.execute(DDL)
+            except _psycopg().errors.InsufficientPrivilege:
+                conn.close()
+                raise _SchemaNotCreatableError from None
+            except BaseException:
+                conn.close()
+                raise
             self._conn = conn
         return self._conn
 

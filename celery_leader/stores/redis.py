@@ -63,6 +63,12 @@ What Redis can do to a lease, and what this store does about it:
   ends. An acquire that timed out may still be applied when the server
   resumes: the next acquire recognises the caller's own lease id and takes
   it over with a new token instead of waiting a ttl.
+* **A stopped or cut-off client holds nothing**: every call is one command
+  (a script, which Redis runs whole once the command has arrived, or a
+  read); no ``WATCH``/``MULTI`` and no lock lives across two round trips. A
+  worker stopped (SIGSTOP, a paused container) or partitioned in the middle
+  of a call leaves nothing the leader's renewals or the next acquire wait on
+  (a holder that stops keeps its lease, which ends at its TTL).
 
 Keys, per election name ``N`` (the braces keep them in one cluster slot):
 ``celery-leader:{N}:lease`` (JSON holder record with the lease's length, with a TTL),

@@ -1,10 +1,12 @@
 """The token and hold-off rules every store applies on acquire: pure functions, no I/O.
 
 This module is the one statement of the rules. The Python stores (SQLite,
-Azure Blob, the simulation's model store) call it; the Redis store cannot
-(its rule runs inside a Lua script), so ``tests/stores/test_rules_oracle.py``
-drives it, and every other store, through the same inputs and checks that
-each returns what these functions compute.
+Azure Blob, etcd, the simulation's model store) call it; the Redis and
+PostgreSQL stores cannot (their rule runs on the server, in a Lua script and
+in the function ``celery_leader_acquire()``, so that an acquire is one
+request), so ``tests/stores/test_rules_oracle.py`` drives this module, and
+every store, through the same inputs and checks that each returns what
+these functions compute.
 
 The two rules, for one acquire that succeeds:
 

@@ -31,8 +31,10 @@ work (tokens keep rising). The store reads the primary's setting once
 per process and URL, after its first acquire (:func:`check_fencing`), and
 warns when it lets unreplicated writes through. Tokens keep rising as
 long as the servers' clocks agree to within the time since the last token
-was granted (they are microseconds of server
-time). A failover while no one leads costs nothing.
+was granted (they are microseconds of server time). A failover while no
+one leads costs nothing. As with Redis alone, every call is one command,
+so a client stopped or cut off in the middle of one holds nothing on the
+server.
 """
 
 from __future__ import annotations

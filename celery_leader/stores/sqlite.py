@@ -64,6 +64,18 @@ What it assumes, and what happens when that does not hold:
   holds off one ttl, but the mix may also read as malformed, and then every
   operation fails until the files are removed again. To restore a backup
   without that window, stop the workers (and beat) first.
+* **No process of the host stops inside a transaction.** Each call is one
+  ``BEGIN IMMEDIATE`` transaction, which holds the database's write lock
+  until it commits: well under a millisecond on a fast disk, longer where
+  the ``fsync`` of ``synchronous = FULL`` is slow. A process stopped in that
+  window (SIGSTOP, Ctrl-Z on a worker in the foreground, a frozen cgroup or
+  container, a debugger) keeps the lock until it continues: every other
+  process's call fails after the store timeout (``busy_timeout``), the
+  leader steps down at its next renewal (fail closed), and nobody leads
+  until the stopped process continues or dies. One that dies, even by
+  SIGKILL, lets go at once (the kernel drops its file locks). SQLite has no
+  way to take a lock from a stopped process, so no store on one file avoids
+  this; the window is kept to one short transaction per call.
 * **A release during a hold-off would pass nothing on** (the next holder
   would not wait out the rest), so the lease manager never releases a term
   in its hold-off: it leaves the lease to expire (celery_leader/lease.py).

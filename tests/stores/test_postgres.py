@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -136,3 +137,47 @@ def test_a_call_after_close_is_refused(server):
     store.close()
     with pytest.raises(StoreError, match="after close"):
         store.read("job")
+
+
+def test_a_schema_of_an_earlier_version_gets_the_acquire_function(server):
+    """An install whose schema lacks celery_leader_acquire(): a role that may create it
+    adds it on connect (and the live lease is kept); one that may not is told what to run."""
+    from celery_leader.exceptions import StoreError
+
+    earlier = DDL.split("-- The acquire, in one statement")[0]
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute(earlier)
+        conn.execute(
+            "INSERT INTO celery_leader_lease (name, lease_id, nodename, hostname, pid, token,"
+            " acquired_at, expires_at_us, ttl_us, lease_end_us, incarnation)"
+            " SELECT 'job', 'a', 'n', 'h', 1, 7, 0, celery_leader_now_us() + 60000000,"
+            " 60000000, celery_leader_now_us() + 60000000, celery_leader_incarnation()"
+        )
+        conn.execute("CREATE ROLE app LOGIN")
+        conn.execute(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON celery_leader_lease, celery_leader_state,"
+            " celery_leader_member TO app"
+        )
+        conn.execute("GRANT USAGE, UPDATE ON SEQUENCE celery_leader_token_seq TO app")
+        conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+    app = open_store(server.url.replace("postgres@", "app@"), timeout=2)
+    try:
+        with pytest.raises(StoreError, match=r"celery_leader\.stores\.postgres\.DDL"):
+            app.acquire("job", Holder("b", "n", "h", 1), 5.0)
+    finally:
+        app.close()
+    owner = open_store(server.url, timeout=2)
+    try:
+        refused = owner.acquire("job", Holder("b", "n", "h", 1), 5.0)
+        assert not refused.acquired and refused.holder is not None and refused.holder.token == 7
+    finally:
+        owner.close()
+
+
+def test_the_readme_prints_the_schema_the_store_creates():
+    """Teams that manage schemas copy the README's SQL: it must be DDL, word for word."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    notes = readme[readme.index("**PostgreSQL notes.**") :]
+    begin = notes.index("```sql\n") + len("```sql\n")
+    printed = notes[begin : notes.index("\n```", begin)]
+    assert printed.split() == DDL.split()

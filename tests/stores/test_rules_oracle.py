@@ -1,15 +1,15 @@
 """The token and hold-off rules of celery_leader/stores/rules.py, and every store held to them.
 
 ``rules.py`` is the oracle. SQLite, Azure Blob and the model store call it;
-the Redis store's rule runs in Lua and cannot. So each store (a real
-redis-server, a real SQLite file, Azurite, the model store on a clock the
-test sets) is driven through the same sequences, and what it returns (the
-token, the hold-off, the hold-off end it records) must be what the oracle
-computes from the same inputs: the last token, the store's clock, the
-caller's floor, and whether the store forgot the last term. A store's clock
-is read just before and just after the acquire, so for clock-derived values
-the check is a bound: between the oracle's value at the first reading and at
-the second.
+the Redis store's rule runs in Lua and PostgreSQL's in a server-side
+function, and neither can. So each store (a real redis-server, a real SQLite
+file, Azurite, a real PostgreSQL server, the model store on a clock the test
+sets) is driven through the same sequences, and what it returns (the token,
+the hold-off, the hold-off end it records) must be what the oracle computes
+from the same inputs: the last token, the store's clock, the caller's floor,
+and whether the store forgot the last term. A store's clock is read just
+before and just after the acquire, so for clock-derived values the check is
+a bound: between the oracle's value at the first reading and at the second.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from celery_leader import clock
@@ -29,6 +30,7 @@ from celery_leader.simulation.model_store import ModelStore
 from celery_leader.stores import open_store, rules
 from celery_leader.stores.base import AcquireResult, Holder
 from celery_leader.stores.redis import lease_key, token_key
+from harness.servers import PostgresServer
 from tests.store_matrix import STORES
 
 A = Holder(lease_id=uuid.uuid4().hex, nodename="a", hostname="h", pid=1)
@@ -313,6 +315,72 @@ class SQLiteDriver(Driver):
         return round(hold_off * 1e6)
 
 
+class PostgresDriver(Driver):
+    """celery_leader_acquire() on a real PostgreSQL server: microseconds of its clock."""
+
+    def __init__(self, server: PostgresServer, ttl: float) -> None:
+        self.server, self.ttl = server, ttl
+        self.conn = psycopg.connect(server.url, autocommit=True)
+        self.store = open_store(server.url, timeout=2)
+        assert self.store.read("job") is None  # the schema is there from now on
+
+    def _one(self, sql, *args):
+        """One statement's first row; None when a table or the sequence is missing."""
+        try:
+            cursor = self.conn.execute(sql, args)
+        except psycopg.errors.UndefinedTable:
+            return None
+        return cursor.fetchone() if cursor.description else None
+
+    def acquire(self, holder, min_token=0, ttl=None):
+        return self.store.acquire("job", holder, self.ttl if ttl is None else ttl, min_token)
+
+    def release(self, holder):
+        assert self.store.release("job", holder.lease_id)
+
+    def holds(self, holder):
+        row = self._one("SELECT lease_id FROM celery_leader_lease WHERE name = 'job'")
+        return row is not None and row[0] == holder.lease_id
+
+    def read_clock(self):
+        (now,) = self._one("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint")
+        return Reading(int(now), int(now), int(now))
+
+    def last_token(self):
+        row = self._one("SELECT last_value, is_called FROM celery_leader_token_seq")
+        return None if row is None else int(row[0]) - (0 if row[1] else 1)
+
+    def set_last_token(self, token):
+        self._one("SELECT setval('celery_leader_token_seq', %s)", token)
+
+    def lose_data(self):
+        self._one(
+            "DROP TABLE IF EXISTS celery_leader_lease, celery_leader_state,"
+            " celery_leader_member; DROP SEQUENCE IF EXISTS celery_leader_token_seq"
+        )
+        # The store's session sees the tables gone at once (it makes sure of them on connect).
+        self._one(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = 'celery-leader'"
+        )
+
+    def end_lease_early(self):
+        self._one("UPDATE celery_leader_lease SET lease_id = NULL, expires_at_us = 0")
+
+    def recorded_hold_until(self):
+        return int(self._one("SELECT hold_until_us FROM celery_leader_lease")[0])
+
+    def ttl_units(self, ttl):
+        return int(ttl * 1e6)
+
+    def wait_units(self, hold_off):
+        return round(hold_off * 1e6)
+
+    def close(self) -> None:
+        self.store.close()
+        self.conn.close()
+
+
 class ModelDriver(Driver):
     """The simulation's model store on a clock the test sets: the oracle's values exactly.
 
@@ -442,6 +510,22 @@ def test_sqlite_follows_the_oracle(scenario, tmp_path):
     run_scenario(SQLiteDriver(tmp_path / "leader.db", STORES["sqlite"].lease_ttl), scenario)
 
 
+@pytest.fixture
+def postgres_server():
+    server = PostgresServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_postgres_function_follows_the_oracle(scenario, postgres_server):
+    driver = PostgresDriver(postgres_server, STORES["postgres"].lease_ttl)
+    try:
+        run_scenario(driver, scenario)
+    finally:
+        driver.close()
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_model_store_follows_the_oracle(scenario):
     run_scenario(ModelDriver(STORES["redis"].lease_ttl), scenario)
@@ -469,6 +553,20 @@ def test_redis_keeps_an_own_hold_off_when_the_store_forgets_again(redis_server):
     driver.acquire(A)  # a fresh store: hold off until now + 10 s
     redis_server.client(db=1).flushdb()  # another incarnation; the lease in db 0 stays
     check(driver, A, forgot=True, ttl=2.0)
+
+
+def test_postgres_keeps_an_own_hold_off_when_the_store_forgets_again(postgres_server):
+    """The same on PostgreSQL: a restart of the server is another incarnation."""
+    driver = PostgresDriver(postgres_server, 10.0)
+    try:
+        driver.acquire(A)  # a fresh store: hold off until now + 10 s
+        postgres_server.kill()
+        postgres_server.start()
+        driver.conn.close()
+        driver.conn = psycopg.connect(postgres_server.url, autocommit=True)
+        check(driver, A, forgot=True, ttl=2.0)
+    finally:
+        driver.close()
 
 
 def test_model_store_keeps_an_own_hold_off_when_the_store_forgets_again():

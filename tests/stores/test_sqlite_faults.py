@@ -7,7 +7,10 @@ separate processes would have), checked with the History recorder.
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -358,4 +361,40 @@ def test_unusable_directory_is_a_store_error_not_a_crash(tmp_path):
         with pytest.raises(StoreError):
             store.acquire("job", holder, 5.0)
     finally:
+        store.close()
+
+
+def test_a_process_stopped_in_a_transaction_blocks_the_file_until_it_dies(tmp_path):
+    """The limit the safety statement names: a process stopped while it holds the write
+    lock blocks every other process's call, which fails at the store timeout (the leader
+    steps down: fail closed); its death, even by SIGKILL, frees the file at once."""
+    path = tmp_path / "leader.db"
+    store = open_store(f"sqlite:///{path}", timeout=0.5)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys, time\n"
+            f"conn = sqlite3.connect({str(path)!r}, isolation_level=None)\n"
+            "conn.execute('BEGIN IMMEDIATE')\n"
+            "print('locked', flush=True)\n"
+            "time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert store.acquire("job", Holder("a", "n", "h", 1), 5.0).acquired
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        os.kill(holder.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(StoreError):
+            store.renew("job", "a", 5.0)
+        assert time.monotonic() - started < 3.0, "the call outlived the store timeout"
+        holder.kill()
+        holder.wait(timeout=10)
+        assert store.renew("job", "a", 5.0), "the file stayed locked after the holder died"
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
         store.close()
