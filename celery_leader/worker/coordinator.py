@@ -219,7 +219,10 @@ class Coordinator:
             install_shared_lease(None)
 
     def attach(self, consumer: Any) -> None:
-        """The consumer (re)started: start competing, and match consumption to the leases."""
+        """The consumer (re)started: start competing, and match consumption to the leases.
+
+        Consumption is matched on the consumer's loop, once it runs.
+        """
         self.consumer = consumer
         if getattr(consumer, "hub", None) is None:
             # Celery's blocking loop turns once per drain_events (up to 2 s) when idle.
@@ -231,7 +234,11 @@ class Coordinator:
                 self.balancer.start()
             for election in list(self.elections.values()):
                 election.manager.start()
-        self.sync_consumption()
+        # On the loop, never here: Celery sets the task consumer's callback only when its
+        # event loop starts. A queue consumed before that (a reconnect while leading) gets
+        # its backlog delivered while the next steps open their channels, to a consumer
+        # without a callback, and the worker dies ("Consumer does not have any callbacks").
+        self.post(self.sync_consumption)
 
     def detach(self) -> None:
         """The consumer is stopping (shutdown or broker reconnect).
