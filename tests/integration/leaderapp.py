@@ -32,8 +32,10 @@ if os.environ.get("LEADER_RENEW"):
     app.conf.leader_renew_interval = float(os.environ["LEADER_RENEW"])
 if os.environ.get("LEADER_STORE_TIMEOUT"):
     app.conf.leader_store_timeout = float(os.environ["LEADER_STORE_TIMEOUT"])
+_visibility = float(os.environ.get("LEADER_VISIBILITY", "30"))
 app.conf.broker_transport_options = {
-    "visibility_timeout": float(os.environ.get("LEADER_VISIBILITY", "30")),
+    # whole seconds as an int: kombu's SQS transport before 5.7 sends "2.0", which SQS refuses
+    "visibility_timeout": int(_visibility) if _visibility.is_integer() else _visibility,
     "unacked_restore_interval": 1,
     "unacked_restore_throttle": 1,
     **json.loads(os.environ.get("LEADER_TRANSPORT_OPTIONS") or "{}"),

@@ -31,7 +31,7 @@ DROPPED = "was delivered again while it ran; its run"
 #: test that passes then fails until its mark is removed).
 NEW_TAG_EACH_RECEIVE = pytest.mark.xfail(
     strict=True,
-    raises=AssertionError,  # a run too many; a server or worker that failed to start is a failure
+    raises=AssertionError,  # a run too many; what the test bed fails at is pytest.fail (below)
     reason="kombu's SQS transport gives a message a new delivery tag (its ReceiptHandle) at "
     "every receive: the leader does not know the copy for its own message, lets it wait as "
     "another message of the task id and runs it after the run ended",
@@ -44,6 +44,26 @@ def leader_queue(cluster) -> str:
 
 def starts_of(cluster, task_id: str) -> list[dict]:
     return [x for x in runs(cluster.history()) if x["task_id"] == task_id]
+
+
+def leading_worker(cluster):
+    """The one worker started, once it leads; pytest.fail (never an xfail) when it does not."""
+    try:
+        (worker,) = cluster.start(1)  # two pool processes, prefetch 2
+        assert cluster.leader_worker() is worker
+    except AssertionError as error:
+        pytest.fail(f"no worker led on SQS: {error}")
+    return worker
+
+
+def ended(rows: list[dict], task_id: str) -> bool:
+    return any(x["task_id"] == task_id for x in runs(rows, "end"))
+
+
+def wait_ended(cluster, task_id: str, timeout: float) -> None:
+    """Wait for a run of *task_id* to end; pytest.fail (never an xfail) when none does."""
+    if not ended(cluster.wait_history(lambda rows: ended(rows, task_id), timeout), task_id):
+        pytest.fail(f"no run of {task_id} ended within {timeout:g} s")
 
 
 def wait_drained(cluster, queue: str, timeout: float) -> dict[str, int]:
@@ -62,10 +82,9 @@ def wait_drained(cluster, queue: str, timeout: float) -> dict[str, int]:
 def test_a_run_longer_than_the_sqs_visibility_timeout_runs_once(cluster_for):
     """A 5 s run, delivered again every 2 s meanwhile: one run; its copies parked, then dropped."""
     cluster = cluster_for("sqs", visibility=VISIBILITY)
-    (worker,) = cluster.start(1)  # two pool processes, prefetch 2
-    assert cluster.leader_worker() is worker
+    worker = leading_worker(cluster)
     task_id = cluster.send("long_terminate", 5).id
-    cluster.wait_history(lambda r: any(x["task_id"] == task_id for x in runs(r, "end")), 20)
+    wait_ended(cluster, task_id, 20)
     time.sleep(VISIBILITY + 2)  # a copy let through would have started by now
     starts = starts_of(cluster, task_id)
     assert len(starts) == 1, f"started {len(starts)} times: {starts}"
@@ -96,10 +115,9 @@ def test_a_leader_task_that_retries_with_a_countdown_runs_twice_on_sqs(
     *seconds* is how long the first try runs, *countdown* how long the retry waits.
     """
     cluster = cluster_for("sqs", visibility=VISIBILITY)
-    (worker,) = cluster.start(1)
-    assert cluster.leader_worker() is worker
+    leading_worker(cluster)
     task_id = cluster.send("countdown_retry", seconds, countdown, queue=leader_queue(cluster)).id
-    cluster.wait_history(lambda r: any(x["task_id"] == task_id for x in runs(r, "end")), 20)
+    wait_ended(cluster, task_id, 20)
     time.sleep(VISIBILITY + 2)  # a copy let through would have started by now
     starts = starts_of(cluster, task_id)
     assert [x["retries"] for x in starts] == [0, 1], starts
