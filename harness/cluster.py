@@ -1,7 +1,8 @@
 """Real ``celery worker`` and ``celery beat`` processes of the tests' app, for tests and benchmarks.
 
 :class:`Cluster` starts the servers one test needs (a Redis for the broker and
-the run history, a Redis for the lease store) and ``celery worker`` /
+the run history, a Redis for the lease store; for an SQS broker, an
+SQS-compatible server too) and ``celery worker`` /
 ``celery beat`` processes of the test app, configured through the
 environment; :class:`Worker` and :class:`Beat` wrap one process each.
 """

@@ -5,6 +5,8 @@ Each server is a real process the test owns, so tests can kill, pause
 RabbitMQ node on free ports that tests can stop and restart with its data,
 without touching the machine's shared RabbitMQ. ``EtcdCluster`` is one or
 three etcd members whose leader tests can kill, and which can lose all data.
+``SqsServer`` is an SQS-compatible server (moto's) for workers on kombu's
+SQS transport.
 """
 
 from __future__ import annotations
