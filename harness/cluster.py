@@ -1,7 +1,8 @@
 """Real ``celery worker`` and ``celery beat`` processes of the tests' app, for tests and benchmarks.
 
 :class:`Cluster` starts the servers one test needs (a Redis for the broker and
-the run history, a Redis for the lease store) and ``celery worker`` /
+the run history, a Redis for the lease store; for an SQS broker, an
+SQS-compatible server too) and ``celery worker`` /
 ``celery beat`` processes of the test app, configured through the
 environment; :class:`Worker` and :class:`Beat` wrap one process each.
 """
@@ -23,7 +24,7 @@ from celery import Celery
 from celery_leader import install
 from celery_leader.exceptions import StoreError
 from celery_leader.stores import open_store
-from harness.servers import RedisServer
+from harness.servers import RedisServer, SqsServer
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = "tests.integration.leaderapp"
@@ -46,6 +47,8 @@ LEADER_TASKS = (
 )
 RABBITMQ_URL = os.environ.get("LEADER_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 RABBITMQCTL = "/usr/sbin/rabbitmqctl"
+#: The brokers a Cluster runs its workers on.
+BROKERS = ("redis", "rabbitmq", "sqs")
 
 
 class Worker:
@@ -156,12 +159,29 @@ class Beat(Worker):
 class Cluster:
     """Servers, environment and workers for one test."""
 
-    def __init__(self, tmp: Path, broker: str, rabbitmq_url: str = RABBITMQ_URL) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        broker: str,
+        rabbitmq_url: str = RABBITMQ_URL,
+        *,
+        visibility: float = 4,
+    ) -> None:
+        """*broker*: "redis" (the data server), "rabbitmq" (*rabbitmq_url*) or "sqs" (its own
+        moto server); *visibility*: the broker's visibility timeout (Redis, SQS), seconds.
+        """
+        if broker not in BROKERS:
+            raise ValueError(f"broker={broker!r}: expected one of {', '.join(BROKERS)}")
         self.tmp = tmp
         self.data = RedisServer(tmp).start()  # broker (redis runs) and run history
         self.store = RedisServer(tmp).start()  # the lease store, separate so it can be paused
+        self.sqs = SqsServer(tmp).start() if broker == "sqs" else None
         self.name = f"t{uuid.uuid4().hex[:8]}"
-        broker_url = self.data.url if broker == "redis" else rabbitmq_url
+        broker_url = {"redis": self.data.url, "rabbitmq": rabbitmq_url}.get(broker, "")
+        transport_options: dict[str, object] = {}
+        if self.sqs is not None:
+            broker_url = self.sqs.url
+            transport_options = self.sqs.transport_options()
         self.env = {
             **os.environ,
             "LEADER_BROKER": broker_url,
@@ -169,7 +189,8 @@ class Cluster:
             "LEADER_HISTORY": f"redis://127.0.0.1:{self.data.port}/2",
             "LEADER_NAME": self.name,
             "LEADER_TTL": "2",
-            "LEADER_VISIBILITY": "4",
+            "LEADER_VISIBILITY": f"{visibility:g}",
+            "LEADER_TRANSPORT_OPTIONS": json.dumps(transport_options),
             "PYTHONPATH": str(ROOT),
         }
         self.workers: list[Worker] = []
@@ -181,7 +202,7 @@ class Cluster:
         self.client.conf.update(
             leader_name=self.name,
             task_default_queue=f"{self.name}.default",
-            broker_transport_options={"visibility_timeout": 4},
+            broker_transport_options={"visibility_timeout": visibility, **transport_options},
         )
         install(self.client, tasks=[f"{TASKS}.{name}" for name in LEADER_TASKS])
 
@@ -291,3 +312,5 @@ class Cluster:
         self.client.close()
         self.data.stop()
         self.store.stop()
+        if self.sqs is not None:
+            self.sqs.stop()

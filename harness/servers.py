@@ -5,6 +5,8 @@ Each server is a real process the test owns, so tests can kill, pause
 RabbitMQ node on free ports that tests can stop and restart with its data,
 without touching the machine's shared RabbitMQ. ``EtcdCluster`` is one or
 three etcd members whose leader tests can kill, and which can lose all data.
+``SqsServer`` is an SQS-compatible server (moto's) for workers on kombu's
+SQS transport.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -581,6 +584,85 @@ class AzuriteServer(ServerProcess):
         log.close()
         wait_for_port(self.proc, self.port, "azurite", 30)
         return self
+
+
+#: Any key and secret do for moto's server; AWS would want real ones.
+SQS_KEY, SQS_SECRET = "testing", "testing"
+SQS_REGION = "us-east-1"
+
+
+class SqsServer(ServerProcess):
+    """An SQS-compatible server (moto's standalone server) on a loopback port, in memory.
+
+    What it emulates that the tests rely on: a queue's VisibilityTimeout (an
+    unacknowledged message is delivered again once it passes), a new
+    ReceiptHandle at every receive (kombu's SQS transport makes it the
+    delivery tag), ApproximateReceiveCount, and long polling
+    (WaitTimeSeconds returns as soon as a message arrives). Where it differs
+    from AWS: DeleteMessage with any receipt handle the message ever had
+    deletes it (AWS promises that only for the latest one), and deleting a
+    deleted message again succeeds.
+    """
+
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """kombu's broker URL: the host and port make its endpoint (http, see transport_options)."""
+        return f"sqs://{SQS_KEY}:{SQS_SECRET}@127.0.0.1:{self.port}"
+
+    @staticmethod
+    def transport_options() -> dict[str, Any]:
+        """kombu SQS options for this server: plain http, short polls (an empty poll waits 1 s)."""
+        return {
+            "region": SQS_REGION,
+            "is_secure": False,
+            "wait_time_seconds": 1,
+            "polling_interval": 0.1,
+        }
+
+    def start(self) -> SqsServer:
+        log = open(self.workdir / f"moto-{self.port}.log", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            # this interpreter's moto (moto[server], a test dependency)
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=log,
+            stderr=log,
+            cwd=self.workdir,
+        )
+        log.close()
+        wait_for_port(self.proc, self.port, "moto_server (SQS)", 30)
+        return self
+
+    def client(self) -> Any:
+        """A boto3 SQS client of this server (boto3 comes with kombu's sqs extra)."""
+        import boto3  # only the SQS tests need it
+
+        return boto3.client(
+            "sqs",
+            endpoint_url=f"http://127.0.0.1:{self.port}",
+            region_name=SQS_REGION,
+            aws_access_key_id=SQS_KEY,
+            aws_secret_access_key=SQS_SECRET,
+        )
+
+    def messages(self, queue: str) -> dict[str, int]:
+        """Messages in the SQS queue kombu makes of *queue*: visible, in flight, delayed.
+
+        kombu names the SQS queue after the kombu one, dots turned into dashes.
+        """
+        client = self.client()
+        url = client.get_queue_url(QueueName=queue.replace(".", "-"))["QueueUrl"]
+        kinds = {
+            "visible": "ApproximateNumberOfMessages",
+            "in_flight": "ApproximateNumberOfMessagesNotVisible",
+            "delayed": "ApproximateNumberOfMessagesDelayed",
+        }
+        attributes = client.get_queue_attributes(QueueUrl=url, AttributeNames=list(kinds.values()))
+        return {kind: int(attributes["Attributes"][name]) for kind, name in kinds.items()}
 
 
 POSTGRES_BIN = Path("/usr/lib/postgresql")

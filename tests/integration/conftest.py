@@ -72,11 +72,11 @@ def rabbitmq_url() -> Iterator[str]:
 def cluster_for(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator:
     made: list[Cluster] = []
 
-    def make(broker: str = "redis") -> Cluster:
+    def make(broker: str = "redis", **options: float) -> Cluster:
         if broker == "rabbitmq":
-            cluster = Cluster(tmp_path, broker, request.getfixturevalue("rabbitmq_url"))
+            cluster = Cluster(tmp_path, broker, request.getfixturevalue("rabbitmq_url"), **options)
         else:
-            cluster = Cluster(tmp_path, broker)
+            cluster = Cluster(tmp_path, broker, **options)
         made.append(cluster)
         return cluster
 

@@ -3,7 +3,9 @@
 Configured from the environment so one module serves every test:
 LEADER_BROKER, LEADER_STORE, LEADER_HISTORY (a Redis URL where runs are
 recorded), LEADER_TTL, LEADER_RENEW and LEADER_STORE_TIMEOUT (optional),
-LEADER_VISIBILITY (Redis broker visibility_timeout, seconds).
+LEADER_VISIBILITY (the broker's visibility_timeout, seconds: Redis, SQS),
+LEADER_TRANSPORT_OPTIONS (JSON: more broker transport options, such as an
+SQS server's region).
 LEADER_NAME names the election and prefixes the queues, so tests sharing one
 RabbitMQ never see each other's messages.
 """
@@ -30,10 +32,13 @@ if os.environ.get("LEADER_RENEW"):
     app.conf.leader_renew_interval = float(os.environ["LEADER_RENEW"])
 if os.environ.get("LEADER_STORE_TIMEOUT"):
     app.conf.leader_store_timeout = float(os.environ["LEADER_STORE_TIMEOUT"])
+_visibility = float(os.environ.get("LEADER_VISIBILITY", "30"))
 app.conf.broker_transport_options = {
-    "visibility_timeout": float(os.environ.get("LEADER_VISIBILITY", "30")),
+    # whole seconds as an int: kombu's SQS transport before 5.7 sends "2.0", which SQS refuses
+    "visibility_timeout": int(_visibility) if _visibility.is_integer() else _visibility,
     "unacked_restore_interval": 1,
     "unacked_restore_throttle": 1,
+    **json.loads(os.environ.get("LEADER_TRANSPORT_OPTIONS") or "{}"),
 }
 app.conf.worker_prefetch_multiplier = 1
 app.conf.task_default_queue = f"{app.conf.leader_name}.default"
@@ -436,6 +441,17 @@ def long_retry(self, seconds):
     if self.request.retries < 1:
         raise self.retry(countdown=0)
     record("end", self)
+
+
+@leader_only(on_loss="terminate")
+@app.task(bind=True, max_retries=1)
+def countdown_retry(self, seconds, countdown):
+    """Runs *seconds*, then retries once *countdown* seconds later: two runs in all."""
+    record("start", self, pid=os.getpid(), retries=self.request.retries)
+    if self.request.retries < 1:
+        time.sleep(seconds)
+        raise self.retry(countdown=countdown)
+    record("end", self, retries=self.request.retries)
 
 
 _history_results = None
