@@ -29,15 +29,6 @@ DROPPED = "was delivered again while it ran; its run"
 
 #: Remove when the leader knows a copy SQS delivered again for its own message (strict: a
 #: test that passes then fails until its mark is removed).
-NEW_TAG_EACH_RECEIVE = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,  # a run too many; what the test bed fails at is pytest.fail (below)
-    reason="kombu's SQS transport gives a message a new delivery tag (its ReceiptHandle) at "
-    "every receive: the leader does not know the copy for its own message, lets it wait as "
-    "another message of the task id and runs it after the run ended",
-)
-
-
 def leader_queue(cluster) -> str:
     return f"{cluster.name}.leader"
 
@@ -78,7 +69,6 @@ def wait_drained(cluster, queue: str, timeout: float) -> dict[str, int]:
 
 
 @pytest.mark.slow
-@NEW_TAG_EACH_RECEIVE
 def test_a_run_longer_than_the_sqs_visibility_timeout_runs_once(cluster_for):
     """A 5 s run, delivered again every 2 s meanwhile: one run; its copies parked, then dropped."""
     cluster = cluster_for("sqs", visibility=VISIBILITY)
@@ -103,8 +93,8 @@ def test_a_run_longer_than_the_sqs_visibility_timeout_runs_once(cluster_for):
     ("seconds", "countdown"),
     [
         pytest.param(0.2, 1, id="within-the-timeout"),
-        pytest.param(3, 1, id="first-try-outlasts", marks=NEW_TAG_EACH_RECEIVE),
-        pytest.param(0.2, 3, id="countdown-outlasts", marks=NEW_TAG_EACH_RECEIVE),
+        pytest.param(3, 1, id="first-try-outlasts"),
+        pytest.param(0.2, 3, id="countdown-outlasts"),
     ],
 )
 def test_a_leader_task_that_retries_with_a_countdown_runs_twice_on_sqs(
