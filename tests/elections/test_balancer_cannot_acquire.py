@@ -28,15 +28,23 @@ DENIED = "app.d"
 
 
 class Denied:
-    """A store client whose acquire of :data:`DENIED` always fails (the injected fault)."""
+    """A store client whose calls on :data:`DENIED` fail while *active* is set (the fault)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, active: threading.Event) -> None:
         self._store = store
+        self._active = active
+
+    def _check(self, name: str) -> None:
+        if name == DENIED and self._active.is_set():
+            raise StoreError(f"NOPERM this user has no permissions to access the {name} key")
 
     def acquire(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        if name == DENIED:
-            raise StoreError(f"NOPERM this user has no permissions to access the {name} key")
+        self._check(name)
         return self._store.acquire(name, *args, **kwargs)
+
+    def renew(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        self._check(name)
+        return self._store.renew(name, *args, **kwargs)
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._store, attr)
@@ -71,7 +79,7 @@ class TakingPart:
 class Worker:
     """A worker's elections, each a real lease manager, and its real balancer."""
 
-    def __init__(self, url: str, nodename: str, *, denied: bool = False) -> None:
+    def __init__(self, url: str, nodename: str, *, denied: threading.Event | None = None) -> None:
         self.nodename = nodename
         self.shutting_down = False
         self.balancer = Balancer(
@@ -82,7 +90,7 @@ class Worker:
         for name in NAMES:
             store = open_store(url, timeout=1)
             manager = LeaseManager(
-                Denied(store) if denied else store,  # type: ignore[arg-type]
+                store if denied is None else Denied(store, denied),  # type: ignore[arg-type]
                 name,
                 timing,
                 holder=Holder(uuid.uuid4().hex, nodename, "h", 1),
@@ -118,7 +126,9 @@ def test_an_election_one_worker_cannot_acquire_stays_led_by_another(redis_url):
     """w1 leads all four; w2 joins and cannot acquire app.d: after w2 joined, app.d is never
     left without a leader for long, and is not handed to w2 round after round."""
     w1 = Worker(redis_url, "w1")
-    w2 = Worker(redis_url, "w2", denied=True)
+    denied = threading.Event()
+    denied.set()
+    w2 = Worker(redis_url, "w2", denied=denied)
     reader = open_store(redis_url, timeout=1)
     try:
         w1.start()
@@ -127,14 +137,7 @@ def test_an_election_one_worker_cannot_acquire_stays_led_by_another(redis_url):
             time.sleep(0.05)
         assert w1.leads() == set(NAMES), "w1 alone did not lead every election"
         w2.start()
-        unled = 0.0
-        step = 0.05
-        end = time.monotonic() + 15 * TTL
-        while time.monotonic() < end:
-            record = reader.read(DENIED)
-            if record is None or record.hold_off > 0:
-                unled += step
-            time.sleep(step)
+        unled = unled_time(reader, 15 * TTL)
         shared = (w1.leads(), w2.leads())
         handed = w1.elections[DENIED].handed_over
     finally:
@@ -146,3 +149,48 @@ def test_an_election_one_worker_cannot_acquire_stays_led_by_another(redis_url):
     assert unled <= TTL + 0.5, f"{DENIED} was without a leader {unled:.1f} s of {15 * TTL:g}"
     assert handed <= 1, f"{DENIED} was handed over {handed} times"
     assert DENIED in shared[0] and len(shared[1]) == 2, f"not balanced at the end: {shared}"
+
+
+def unled_time(reader: Any, seconds: float, step: float = 0.05) -> float:
+    """Seconds :data:`DENIED` had no leader past its hold-off, looked at every *step*."""
+    unled = 0.0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        record = reader.read(DENIED)
+        if record is None or record.hold_off > 0:
+            unled += step
+        time.sleep(step)
+    return unled
+
+
+def test_an_election_a_worker_can_no_longer_acquire_is_not_handed_back_to_it(redis_url):
+    """w2 leads app.d, then can no longer renew or acquire it: after w1 took it over, app.d
+    stays led by w1, round after round."""
+    w1 = Worker(redis_url, "w1")
+    denied = threading.Event()
+    w2 = Worker(redis_url, "w2", denied=denied)
+    reader = open_store(redis_url, timeout=1)
+    try:
+        w1.start()
+        deadline = time.monotonic() + 10
+        while w1.leads() != set(NAMES) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        w2.start()  # w1 hands its last two elections over, app.d among them
+        deadline = time.monotonic() + 20
+        while DENIED not in w2.leads() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert DENIED in w2.leads(), "the plan did not give app.d to w2"
+        denied.set()
+        deadline = time.monotonic() + 10 * TTL
+        while DENIED not in w1.leads() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert DENIED in w1.leads(), "nobody took app.d over"
+        handed_before = w1.elections[DENIED].handed_over  # w2 had app.d by a hand-over
+        unled = unled_time(reader, 15 * TTL)
+        handed = w1.elections[DENIED].handed_over - handed_before
+    finally:
+        w2.stop()
+        w1.stop()
+        reader.close()
+    assert unled <= 1.0, f"{DENIED} was without a leader {unled:.1f} s of {15 * TTL:g} after"
+    assert handed == 0, f"{DENIED} was handed back {handed} times"
