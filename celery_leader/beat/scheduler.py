@@ -492,15 +492,16 @@ def _check_server_limits(conf: Any, settings: LeaderSettings) -> None:
     key = (settings.backend_url, settings.timing.ttl)
     if key in _limits_checked:
         return
-    store = open_store(
-        settings.backend_url, timeout=settings.timing.op_timeout, options=settings.store_options
-    )
     try:
-        check_server_limits(store, settings.timing.ttl)
+        store = open_store(
+            settings.backend_url, timeout=settings.timing.op_timeout, options=settings.store_options
+        )
+        try:
+            check_server_limits(store, settings.timing.ttl)
+        finally:
+            store.close()
     except ConfigurationError as exc:
         raise StartupConfigurationError(f"celery-leader: {spelled_in(conf, str(exc))}") from None
-    finally:
-        store.close()
     _limits_checked.add(key)
 
 
