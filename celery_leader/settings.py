@@ -89,6 +89,13 @@ def _own_keys(conf: Mapping[str, Any]) -> set[str]:
         return set()
 
 
+def spelled_in(conf: Mapping[str, Any], message: str) -> str:
+    """*message* with each ``leader_*`` key it names spelled as *conf* has it (:func:`spelled`)."""
+    if not getattr(conf, "prefix", None):
+        return message
+    return _KEY.sub(lambda m: spelled(conf, m.group(0)), message)
+
+
 def _spelled_as_given(func: Callable[_P, _R]) -> Callable[_P, _R]:
     """Rewrite the keys a :class:`ConfigurationError` names as the conf (first arg) spells them."""
 

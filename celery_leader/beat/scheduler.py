@@ -101,11 +101,13 @@ from celery_leader.settings import (
     LeaderSettings,
     app_settings,
     spelled,
+    spelled_in,
     step_down_slot,
 )
 from celery_leader.startup_error import StartupConfigurationError
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
+from celery_leader.stores.server_limits import check_server_limits
 
 logger = logging.getLogger(__name__)
 
@@ -477,6 +479,32 @@ def _slot_missed(entry: Any, last_sent: float) -> bool:
     return bool(entry.schedule.remaining_estimate(last).total_seconds() <= 0)
 
 
+#: (store URL, ttl) pairs whose server limits this process checked: beat builds its
+#: scheduler more than once (lazily for its banner, then to run it).
+_limits_checked: set[tuple[str, float]] = set()
+
+
+def _check_server_limits(conf: Any, settings: LeaderSettings) -> None:
+    """Stop beat at start when the store's server would keep beat's lease longer than its ttl.
+
+    See :mod:`celery_leader.stores.server_limits`; once per store and ttl.
+    """
+    key = (settings.backend_url, settings.timing.ttl)
+    if key in _limits_checked:
+        return
+    try:
+        store = open_store(
+            settings.backend_url, timeout=settings.timing.op_timeout, options=settings.store_options
+        )
+        try:
+            check_server_limits(store, settings.timing.ttl)
+        finally:
+            store.close()
+    except ConfigurationError as exc:
+        raise StartupConfigurationError(f"celery-leader: {spelled_in(conf, str(exc))}") from None
+    _limits_checked.add(key)
+
+
 class LeaderSchedulerMixin:
     """The leader logic, mixed in front of the wrapped scheduler class."""
 
@@ -495,6 +523,9 @@ class LeaderSchedulerMixin:
         wrapped = type(self).__mro__[2]
         self._leader_state: ScheduleState = state_of(wrapped)
         self._leader_mode = _standby_mode(app.conf, self._leader_beat, wrapped, self._leader_state)
+        # Here, not when competing begins: beat's banner builds the scheduler (lazily) before
+        # beat runs it, and an error there is one line, not a logged traceback.
+        _check_server_limits(app.conf, self._leader_settings)
         filename = kwargs.get("schedule_filename")
         if filename and issubclass(wrapped, PersistentScheduler):
             # Before the wrapped scheduler opens the file, and also when built lazily

@@ -23,6 +23,14 @@ and acts on it in two ways only:
   one election per ttl; an election with runs in progress waits for a
   later round.
 
+A worker does not announce an election it gave up (stepping down, sitting
+out) or cannot acquire (its manager's last attempt failed in the store:
+:meth:`~celery_leader.lease.LeaseManager.acquire_failing`), so the plan never
+names it there: without that, a worker that keeps announcing but cannot take
+one election is planned for it after every takeover, and each time the others
+wait two ttls. It announces it again once an attempt gets an answer (its
+manager still tries every two ttls, as any worker not planned does).
+
 Safety does not depend on any of it: the lease decides who leads, a plan
 only delays an acquire or asks for a release.
 """
@@ -57,7 +65,7 @@ class BalancedElection(Protocol):
 
     @property
     def manager(self) -> LeaseManager:
-        """Its lease manager (asked ``is_leader()`` and ``sitting_out()``)."""
+        """Its lease manager (asked ``is_leader()``, ``sitting_out()``, ``acquire_failing()``)."""
 
     @property
     def stepping_down(self) -> bool:
@@ -198,11 +206,16 @@ class Balancer:
         worker = self.worker
         elections = list(worker.elections.values())
         able = worker.is_live() and not worker.shutting_down
-        # An election this worker gave up (stepping down, or sitting out after it) is not
-        # announced: the plan would hand it straight back and keep the others waiting.
+        # An election this worker gave up (stepping down, or sitting out after it), or
+        # cannot acquire (its last attempt failed in the store), is not announced: the plan
+        # would hand it straight back and keep the others waiting, round after round.
         eligible = (
             frozenset(
-                e.name for e in elections if not e.stepping_down and not e.manager.sitting_out()
+                e.name
+                for e in elections
+                if not e.stepping_down
+                and not e.manager.sitting_out()
+                and (e.manager.is_leader() or not e.manager.acquire_failing())
             )
             if able
             else frozenset()

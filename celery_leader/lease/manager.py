@@ -249,6 +249,8 @@ class LeaseManager:
         self._max_token = 0
         self._failures = 0
         self._last_error: str | None = None
+        #: The last attempt to acquire got no answer (an error, a timeout); cleared by one that did.
+        self._acquire_failing = False
         self._foreign_logged = False
         #: The last holder a failed acquire saw (thread-private), and whether the
         #: store announced a release since: the story the logs tell.
@@ -299,6 +301,16 @@ class LeaseManager:
     def sitting_out(self) -> bool:
         """True while a step-down's sit-out lasts: this manager does not try to acquire."""
         return self._clock() < self._sit_out_until
+
+    def acquire_failing(self) -> bool:
+        """True while this manager cannot acquire: its last attempt failed in the store.
+
+        Failed: a store error or a timeout instead of an answer (a key the
+        store's user may not write, a client wedged on a member it cannot
+        reach). An attempt that gets an answer, acquired or refused, clears it.
+        The balancer does not plan such an election for this worker.
+        """
+        return self._acquire_failing
 
     def hold_off_left(self) -> float | None:
         """Seconds until a lease held in its hold-off may lead; None when not holding off."""
@@ -503,9 +515,11 @@ class LeaseManager:
                 lambda: self.store.acquire(self.name, holder, self.timing.ttl, min_token),
             )
         except StoreError as exc:
+            self._acquire_failing = True
             self._store_failed(exc)
             return self.timing.acquire_backoff(self._failures, self._rand())
         t_recv = self._clock()
+        self._acquire_failing = False
         self._store_ok()
         jitter = self.timing.follower_jitter(self._rand())
         if not result.acquired:

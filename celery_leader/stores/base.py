@@ -134,6 +134,25 @@ class Presence(Protocol):
         """Remove *member* from *group* now (a worker that stops)."""
 
 
+@runtime_checkable
+class ServerLimits(Protocol):
+    """An optional part a store may offer: the lease server's own limits, asked at start.
+
+    A server may keep a lease longer than asked (etcd raises a TTL below its
+    minimum to it): the holder still stops by its own ttl, but a follower then
+    waits for the server's. Asked once at worker and beat start
+    (:func:`celery_leader.stores.server_limits.check_server_limits`).
+    """
+
+    def check_ttl(self, ttl: float) -> None:
+        """Raise ConfigurationError when the server would keep a *ttl* lease too long.
+
+        Too long: longer than the store documents. The message names
+        ``leader_lease_ttl``, *ttl* and the smallest allowed value. Raises
+        :class:`~celery_leader.exceptions.StoreError` when the server cannot be asked.
+        """
+
+
 class AcquireRequest(NamedTuple):
     """One :meth:`LeaseStore.acquire` inside a :meth:`BatchCalls.call_many`."""
 

@@ -7,10 +7,13 @@ call that finds one down, paused or without a leader tries the next.
 
 How, per election under the prefix: ``lease/<name>`` holds the holder and
 is attached to an etcd lease of the term (TTL = the lease ttl rounded up to
-whole seconds; etcd raises a TTL below its minimum, ``ceil(1.5 x election
-timeout)``, to it: both only lengthen the lease on the server, never the
-holder's own reckoning of it). ``term/<name>`` keeps the last token and the
-cluster it was granted on, ``end/<name>`` the earliest end of the last term.
+whole seconds: it only lengthens the lease on the server, never the holder's
+own reckoning of it). etcd raises a TTL below its minimum, ``ceil(1.5 x
+election timeout)``, to it: a ttl below that minimum is refused at worker and
+beat start (:meth:`EtcdLeaseStore.check_ttl`), so a follower waits at most
+``ceil(ttl)`` after the last renewal, plus etcd's half-second expiry sweep.
+``term/<name>`` keeps the last token and the cluster it was granted on,
+``end/<name>`` the earliest end of the last term.
 An acquire reads them, then one transaction takes the lease only if
 ``lease/<name>`` is absent (or still the caller's own) and ``term/<name>``
 is unchanged since the read; a renewal keeps the term's etcd lease alive,
@@ -70,7 +73,7 @@ from typing import Any, ClassVar, Concatenate, ParamSpec, TypeVar
 from urllib.parse import quote, unquote
 
 from celery_leader._masking import mask_text
-from celery_leader.exceptions import StoreError
+from celery_leader.exceptions import ConfigurationError, StoreError
 from celery_leader.stores import rules
 from celery_leader.stores.base import (
     AcquireResult,
@@ -103,6 +106,23 @@ _DATE_STEP_US = 999_999
 def _whole_seconds(ttl: float) -> int:
     """The etcd lease TTL for a lease of *ttl* seconds: rounded up (never shorter)."""
     return max(1, math.ceil(ttl - 1e-9))
+
+
+#: A ttl below etcd's minimum lease TTL (etcd would keep the lease longer).
+ERR_TTL_BELOW_MINIMUM = (
+    "leader_lease_ttl={ttl:g} is not allowed with the etcd store {url}: etcd grants leases of "
+    "at least {granted} s (its minimum TTL, ceil(1.5 x its election timeout)), so a follower "
+    "would wait that long after a crash; use leader_lease_ttl >= {granted} (etcd counts "
+    "whole seconds: it keeps a lease of ttl seconds for ceil(ttl) seconds)"
+)
+
+
+#: The stores (masked URLs) whose raised ttl this process has logged.
+_ttl_raised: set[str] = set()
+
+
+def _too_short(ttl: float, granted: int, url: str) -> str:
+    return ERR_TTL_BELOW_MINIMUM.format(ttl=ttl, granted=granted, url=url)
 
 
 def _range(key: str) -> dict[str, Any]:
@@ -312,9 +332,30 @@ class EtcdLeaseStore:
         body = {"compare": compare, "success": success, "failure": failure or []}
         return self._call(what, "kv/txn", body)
 
-    def _grant(self, ttl: float) -> str:
-        reply = self._call("acquire", "lease/grant", {"TTL": str(_whole_seconds(ttl))})
+    def _grant(self, ttl: float, what: str = "acquire") -> str:
+        asked = _whole_seconds(ttl)
+        reply = self._call(what, "lease/grant", {"TTL": str(asked)})
+        granted = _int(reply.body.get("TTL"), asked)
+        if granted > asked and what == "acquire" and self.url not in _ttl_raised:
+            # Not checked at start (etcd was down then): said once, the lease still works.
+            _ttl_raised.add(self.url)
+            logger.error("celery-leader: %s", _too_short(ttl, granted, self.url))
         return str(reply.body["ID"])
+
+    @_one_deadline
+    def check_ttl(self, ttl: float) -> None:
+        """Refuse a *ttl* below etcd's minimum lease TTL (see :class:`~.base.ServerLimits`).
+
+        Grants a lease of one second (the least etcd counts), reads the TTL
+        etcd granted (its minimum, when that is more) and revokes it at once.
+        A *ttl* at or above it is kept by etcd for ``ceil(ttl)`` seconds.
+        """
+        reply = self._call("check", "lease/grant", {"TTL": "1"})
+        minimum = _int(reply.body.get("TTL"), 1)
+        if reply.body.get("ID"):
+            self._revoke(str(reply.body["ID"]))
+        if ttl < minimum:
+            raise ConfigurationError(_too_short(ttl, minimum, self.url))
 
     def _keepalive(self, lease: str, what: str) -> Reply | None:
         """Keep *lease* alive: the reply, or None when etcd no longer has it."""
@@ -561,7 +602,7 @@ class EtcdLeaseStore:
             etcd_lease = self._members.get((group, member))
         if etcd_lease is None or self._keepalive(etcd_lease, "presence") is None:
             # The key outlives its announced end by a second or more: readers judge the end.
-            etcd_lease = self._grant(ttl + 1)
+            etcd_lease = self._grant(ttl + 1, "presence")
             with self._lock:
                 self._members[group, member] = etcd_lease
         prefix = self._key("member", group) + "/"

@@ -32,12 +32,13 @@ from celery_leader.elections.balancer import Balancer
 from celery_leader.elections.run_table import RUN_SLOTS
 from celery_leader.elections.shared_lease import MAX_ELECTIONS
 from celery_leader.exceptions import ConfigurationError
-from celery_leader.settings import LeaderSettings, app_settings
+from celery_leader.settings import LeaderSettings, app_settings, spelled_in
 from celery_leader.startup_error import StartupConfigurationError
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Presence
 from celery_leader.stores.batch import CallBatch
 from celery_leader.stores.registry import TEST_ONLY_SCHEMES, shared_store_urls, store_class
+from celery_leader.stores.server_limits import check_server_limits
 from celery_leader.tasks import ensure_router, resolve_leader_tasks
 from celery_leader.term_end import KILLABLE_POOLS
 from celery_leader.worker import control as _control  # noqa: F401 - registers the commands
@@ -223,9 +224,12 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
                 from celery_leader.observe.metrics import enable_metrics  # noqa: PLC0415 - optional extra
             # One store client per election: each lease manager renews on its own thread.
             stores = {election: self._open_store() for election in elections}
+            # Every election has the default one's ttl: one look at the server's limits.
+            check_server_limits(stores[None], settings.timing.ttl)
             batch = self._call_batch(len(elections))
         except ConfigurationError as exc:
-            raise WorkerConfigurationError(f"celery-leader: {exc}") from None
+            message = spelled_in(worker.app.conf, str(exc))
+            raise WorkerConfigurationError(f"celery-leader: {message}") from None
         warn_about_visibility(worker.app, leader_tasks)
         kind = pool_kind(worker)
         warn_about_unkillable_runs(worker.app, leader_tasks, kind)

@@ -14,12 +14,16 @@ from celery_leader.stores.memory import reset_memory_stores
 @dataclass
 class Manager:
     leading: bool = False
+    failing: bool = False
 
     def is_leader(self) -> bool:
         return self.leading
 
     def sitting_out(self) -> bool:
         return False
+
+    def acquire_failing(self) -> bool:
+        return self.failing
 
 
 @dataclass
@@ -93,6 +97,17 @@ def test_an_election_handed_over_is_not_announced_as_eligible(store):
     assert b1.me_now().eligible == set(NAMES)
     one.elections["app.a"].hand_over()
     assert b1.me_now().eligible == set(NAMES) - {"app.a"}
+
+
+def test_an_election_this_worker_fails_to_acquire_is_not_announced_as_eligible(store):
+    """Else the plan names it round after round, and the others wait two ttls each time."""
+    one = worker("w1", leading=("app.b",))
+    b1 = balancer(store, one)
+    one.elections["app.a"].manager.failing = True
+    one.elections["app.b"].manager.failing = True  # a leader keeps what it leads
+    assert b1.me_now().eligible == set(NAMES) - {"app.a"}
+    one.elections["app.a"].manager.failing = False
+    assert b1.me_now().eligible == set(NAMES)
 
 
 def test_a_waiting_worker_tries_anyway_after_two_ttls(store):
