@@ -76,14 +76,16 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in share {share} of {shares}")
 
 
-def wait_for_port(proc: subprocess.Popen[bytes], port: int, what: str, timeout: float) -> None:
-    """Block until *proc* listens on 127.0.0.1:*port*; fail if it exits or takes too long."""
+def wait_for_port(
+    proc: subprocess.Popen[bytes], port: int, what: str, timeout: float, host: str = "127.0.0.1"
+) -> None:
+    """Block until *proc* listens on *host*:*port*; fail if it exits or takes too long."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with {proc.returncode}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            with socket.create_connection((host, port), timeout=0.2):
                 return
         except OSError:
             time.sleep(0.02)
@@ -119,7 +121,12 @@ class ServerProcess:
 
 
 class RedisServer(ServerProcess):
-    """One redis-server without persistence, controlled by the test."""
+    """One redis-server without persistence, controlled by the test.
+
+    By default on loopback; with *host* and *wrapper* (harness.netbed's
+    ``NetBed.address`` and ``NetBed.wrapper``), on that address inside a
+    host's network namespace: the test reaches it there, from the root one.
+    """
 
     def __init__(
         self,
@@ -128,23 +135,31 @@ class RedisServer(ServerProcess):
         port: int | None = None,
         extra: list[str] | None = None,
         tls: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
+        wrapper: list[str] | None = None,
     ) -> None:
         self.workdir = workdir
         self.port = port or free_port()
         self.extra = extra or []
         self.tls = tls
+        self.host = host
+        self.wrapper = wrapper or []  # runs redis-server (``ip netns exec NS``, which execs it)
         self.proc: subprocess.Popen[bytes] | None = None
         self.binary = require_binary("redis-server")
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return self.db_url(0)
+
+    def db_url(self, db: int) -> str:
+        return f"redis://{self.host}:{self.port}/{db}"
 
     def args(self) -> list[str]:
         args = [
+            *self.wrapper,
             self.binary,
             "--bind",
-            "127.0.0.1",
+            self.host,
             "--save",
             "",
             "--appendonly",
@@ -173,6 +188,10 @@ class RedisServer(ServerProcess):
             ]
         else:
             args += ["--port", str(self.port)]
+        if self.host != "127.0.0.1":
+            # Bound to a test bed's private address alone: clients of other hosts of the
+            # bed connect to it, which protected mode refuses without a password.
+            args += ["--protected-mode", "no"]
         return args + self.extra
 
     def start(self) -> RedisServer:
@@ -184,10 +203,10 @@ class RedisServer(ServerProcess):
 
     def wait_ready(self, timeout: float = 10.0) -> None:
         assert self.proc is not None
-        wait_for_port(self.proc, self.port, "redis-server", timeout)
+        wait_for_port(self.proc, self.port, "redis-server", timeout, self.host)
 
     def client(self, **kwargs: object) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True, **kwargs)
+        return redis.Redis(host=self.host, port=self.port, decode_responses=True, **kwargs)
 
     def kill(self) -> None:
         self.stop()

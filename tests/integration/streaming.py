@@ -11,8 +11,13 @@ from tests.chaos.run import RunWatcher
 
 
 @contextmanager
-def streaming(cluster: Any, every: float = 0.1) -> Iterator[list[int]]:
-    """Send leader_record 0, 1, 2... every *every* seconds while the block runs.
+def streaming(
+    cluster: Any, every: float = 0.1, task: str = "leader_record", args: tuple[Any, ...] = ()
+) -> Iterator[list[int]]:
+    """Send *task* (leader_record) 0, 1, 2... every *every* seconds while the block runs.
+
+    *args* follow the index: ``task="chaos_work", args=(0.2,)`` sends runs of
+    0.2 s that write through the fence, as the chaos suite's do.
 
     Yields a one-item list holding how many were sent so far (read it after the block).
     A run killed at its term's end writes no end row: a :class:`RunWatcher`
@@ -26,7 +31,7 @@ def streaming(cluster: Any, every: float = 0.1) -> Iterator[list[int]]:
 
     def stream() -> None:
         while not stop.is_set():
-            cluster.send("leader_record", sent[0])
+            cluster.send(task, sent[0], *args)
             sent[0] += 1
             stop.wait(every)
 

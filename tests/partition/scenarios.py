@@ -1,0 +1,383 @@
+"""Partition scenarios: a cluster on hosts of a harness.netbed bed, one network fault each.
+
+A scenario starts the lease store, the broker and three ``celery worker``
+processes of tests/integration/leaderapp.py, each on a host (a network
+namespace) of its own; the run history lives on the controller, outside the
+fault model. It streams leader-only ``chaos_work`` runs (0.2 s each, every
+0.1 s; each writes through the fence with its token), finds the leader,
+applies one :class:`Fault` against it (or a follower), heals, and judges the
+history with the chaos checker (tests/chaos/checker.py): no run in flight
+across a term change, no stale start, no stale write accepted, no message
+lost (a duplicate is at-least-once delivery, counted, allowed).
+
+Besides the checker's rules, each scenario measures and bounds:
+
+* **new leader** (faults that take the lease from the leader): from the
+  fault to the first run of a newer term; within ``ttl + NEW_LEADER_BOUND``;
+  and the old leader's ``leader_lost`` signal comes before the next
+  leader's ``leader_elected``;
+* **resumed**: from the heal to the first run started after it, within
+  ``ttl + RESUME_BOUND``: after any partition heals, there is a leader
+  running work again;
+* **terms**: a fault that must not move the lease (a follower cut off)
+  leaves one term. The leader cut from the broker alone does lose it: its
+  consumer's loop waits on the broker and stops turning, and a worker whose
+  loop does not turn is not live (it renews no more), so a worker that
+  reaches the broker leads instead.
+
+Stores and brokers plug in through :data:`STORES` and :data:`BROKERS` (a
+function that starts the server on its host of the bed); today each has
+Redis. ``python -m tests.partition`` runs every fault on every pair and
+prints a table.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from celery_leader.exceptions import StoreError
+from celery_leader.stores import open_store
+from harness.cluster import Cluster, Worker
+from harness.netbed import NetBed
+from harness.servers import RedisServer
+from tests.chaos.checker import Summary, check
+from tests.integration.streaming import streaming
+
+TTL = 2.0
+RENEW = TTL / 3  # the default renew interval
+#: Seconds past the ttl for a new term's first run after the leader lost its lease:
+#: the lease running out, the follower noticing, kombu consuming the leader queue
+#: (about a second), on a loaded machine.
+NEW_LEADER_BOUND = 5.0
+#: Seconds past the ttl, from a heal, for the leader (old or new) to run work again:
+#: TCP retransmission backs off (a connection silent for seconds retries only every
+#: second or more), then the client and kombu go on.
+RESUME_BOUND = 6.0
+#: How long a fault that leaves the lease where it is lasts: past two ttls.
+HOLD = 2 * TTL + 1.0
+#: Workers are hosts w1, w2, w3; their node names start with the host's name.
+WORKERS = 3
+
+
+@dataclass
+class Stage:
+    """What a fault acts on: the bed, the leader's and the followers' hosts, the ports."""
+
+    net: NetBed
+    leader: str
+    followers: list[str]
+    store_port: int
+    broker_port: int
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    description: str
+    apply: Callable[[Stage], None]
+    #: The leader must lose its lease during the fault, and another worker lead.
+    moves_lease: bool
+
+
+def _cut_both(stage: Stage) -> None:
+    stage.net.cut(stage.leader, "store")
+    stage.net.cut(stage.leader, "broker")
+
+
+def _slow_store(stage: Stage) -> None:
+    # A round trip late by more than the renew interval: no renewal lands in time.
+    stage.net.slow(stage.leader, "store", stage.store_port, delay_ms=RENEW * 1000 * 1.5)
+
+
+FAULTS = {
+    fault.name: fault
+    for fault in (
+        Fault(
+            "leader-store",
+            "the leader cut from the store, both ways",
+            lambda s: s.net.cut(s.leader, "store"),
+            moves_lease=True,
+        ),
+        Fault(
+            # Its consumer's loop waits on the broker and stops turning: a worker whose
+            # loop does not turn is not live and renews no more, so another worker, one
+            # that reaches the broker, leads (the same as a stuck loop).
+            "leader-broker",
+            "the leader cut from the broker, both ways",
+            lambda s: s.net.cut(s.leader, "broker"),
+            moves_lease=True,
+        ),
+        Fault(
+            "leader-both",
+            "the leader cut from the store and the broker",
+            _cut_both,
+            moves_lease=True,
+        ),
+        Fault(
+            "follower-off",
+            "a follower cut off from every host",
+            lambda s: s.net.isolate(s.followers[0]),
+            moves_lease=False,
+        ),
+        Fault(
+            "leader-store-oneway",
+            "every packet from the leader to the store lost (the other way passes)",
+            lambda s: s.net.cut_one_way(s.leader, "store"),
+            moves_lease=True,
+        ),
+        Fault(
+            "leader-store-slow",
+            f"the leader's round trips to the store {RENEW * 1.5:g} s late (renew interval "
+            f"{RENEW:.2f} s)",
+            _slow_store,
+            moves_lease=True,
+        ),
+    )
+}
+
+
+@dataclass
+class Outcome:
+    """What one scenario showed; :meth:`failures` says what breaks a rule or a bound."""
+
+    fault: Fault
+    store: str
+    broker: str
+    summary: Summary
+    #: Seconds from the fault to the first run of a newer term (None: none came).
+    new_leader_s: float | None = None
+    #: Seconds from the heal to the first run started after it (None: none came).
+    resumed_s: float | None = None
+    #: Seconds from the old leader's leader_lost signal to the next leader_elected
+    #: (negative: elected before the old one knew it had lost).
+    handover_gap_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def failures(self) -> list[str]:
+        found = list(self.summary.violations())
+        if self.summary.lost:
+            found.append(f"{len(self.summary.lost)} messages lost: {self.summary.lost[:10]}")
+        if self.fault.moves_lease:
+            if self.new_leader_s is None or self.new_leader_s > TTL + NEW_LEADER_BOUND:
+                found.append(
+                    f"no newer term ran within ttl + {NEW_LEADER_BOUND:g} s of the fault "
+                    f"({self.new_leader_s})"
+                )
+            if self.handover_gap_s is None:
+                found.append("no leader_lost of the old term followed by a leader_elected")
+            elif self.handover_gap_s < 0:
+                found.append(
+                    "the next leader was elected before the old one signalled its loss "
+                    f"({self.handover_gap_s:.3f} s)"
+                )
+        elif self.summary.terms != 1:
+            found.append(f"{self.summary.terms} terms: the lease moved, it should not have")
+        if self.resumed_s is None or self.resumed_s > TTL + RESUME_BOUND:
+            found.append(f"no run within ttl + {RESUME_BOUND:g} s of the heal ({self.resumed_s})")
+        return found
+
+    def row(self) -> dict[str, Any]:
+        s = self.summary
+        return {
+            "fault": self.fault.name,
+            "store": self.store,
+            "broker": self.broker,
+            "terms": s.terms,
+            "stale starts": len(s.stale_starts),
+            "stale writes accepted": len(s.stale_writes_accepted),
+            "stale writes refused": s.writes_refused,
+            "in flight at a term change": len(s.in_flight_overlaps),
+            "lost": len(s.lost),
+            "duplicated": s.duplicates,
+            "new leader s": _seconds(self.new_leader_s),
+            "resumed s": _seconds(self.resumed_s),
+            "verdict": "ok" if not self.failures() else "FAIL",
+        }
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def table(outcomes: list[Outcome]) -> str:
+    """The outcomes as a text table, one row each."""
+    rows = [o.row() for o in outcomes]
+    if not rows:
+        return "(no scenario ran)"
+    columns = list(rows[0])
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
+    lines = ["  ".join(f"{c:<{widths[c]}}" for c in columns)]
+    lines += ["  ".join(f"{r[c]!s:<{widths[c]}}" for c in columns) for r in rows]
+    return "\n".join(lines)
+
+
+# -- servers on hosts: one function per kind -------------------------------------------
+
+
+class BedServer(Protocol):
+    """A server on a host of the bed: what the scenarios need of it."""
+
+    port: int
+
+    @property
+    def url(self) -> str: ...
+
+    def stop(self) -> None: ...
+
+
+def redis_on(net: NetBed, host: str, tmp: Path) -> RedisServer:
+    """A redis-server on *host* of the bed."""
+    workdir = tmp / host
+    workdir.mkdir(parents=True, exist_ok=True)
+    return RedisServer(workdir, host=net.address(host), wrapper=net.wrapper(host)).start()
+
+
+#: Store kind -> a function that starts one on the bed's "store" host. A store of
+#: another kind plugs in here (its server class taking a host address and a wrapper).
+STORES: dict[str, Callable[[NetBed, Path], BedServer]] = {
+    "redis": lambda net, tmp: redis_on(net, "store", tmp),
+}
+#: Broker kind -> a function that starts one on the bed's "broker" host.
+BROKERS: dict[str, Callable[[NetBed, Path], BedServer]] = {
+    "redis": lambda net, tmp: redis_on(net, "broker", tmp),
+}
+
+
+@dataclass
+class PartitionBed:
+    """A bed, its servers and the cluster on it."""
+
+    net: NetBed
+    cluster: Cluster
+    store: str
+    broker: str
+    store_server: BedServer
+    broker_server: BedServer
+
+    def host_of(self, worker: Worker) -> str:
+        return worker.nodename.split("@", 1)[0]
+
+    def stage(self, leader: Worker) -> Stage:
+        hosts = [self.host_of(w) for w in self.cluster.workers]
+        return Stage(
+            net=self.net,
+            leader=self.host_of(leader),
+            followers=[h for h in hosts if h != self.host_of(leader)],
+            store_port=self.store_server.port,
+            broker_port=self.broker_server.port,
+        )
+
+
+@contextmanager
+def partition_bed(tmp: Path, store: str = "redis", broker: str = "redis") -> Iterator[PartitionBed]:
+    """A bed (hosts store, broker, w1..w3) with the servers and three workers running.
+
+    The run history is a Redis on the controller's address (never faulted).
+    Everything is stopped and the bed removed at the end of the block, whatever failed.
+    """
+    with ExitStack() as stack:
+        net = NetBed(["store", "broker", *(f"w{n}" for n in range(1, WORKERS + 1))]).start()
+        stack.callback(net.close)  # last: kills whatever still runs in the namespaces
+        (tmp / "history").mkdir(parents=True, exist_ok=True)
+        history = RedisServer(tmp / "history", host=net.controller).start()
+        stack.callback(history.stop)
+        store_server = STORES[store](net, tmp)
+        stack.callback(store_server.stop)
+        broker_server = BROKERS[broker](net, tmp)
+        stack.callback(broker_server.stop)
+        cluster = Cluster(
+            tmp,
+            broker,
+            broker_server.url,  # used for a broker that is not Redis
+            data=broker_server if isinstance(broker_server, RedisServer) else history,
+            store=store_server if isinstance(store_server, RedisServer) else None,
+            store_url=store_server.url,
+            history=history,
+        )
+        cluster.env["LEADER_TTL"] = str(TTL)
+        stack.callback(cluster.close)
+        for n in range(1, WORKERS + 1):
+            cluster.start(1, wait=False, wrapper=net.wrapper(f"w{n}"))
+        for worker in cluster.workers:
+            worker.wait_ready(60)
+        yield PartitionBed(net, cluster, store, broker, store_server, broker_server)
+
+
+def _lease_token(cluster: Cluster) -> int:
+    store = open_store(cluster.env["LEADER_STORE"], timeout=2)
+    try:
+        record = store.read(cluster.name)
+    except StoreError:
+        record = None
+    finally:
+        store.close()
+    assert record is not None, "no lease to read"
+    return record.token
+
+
+def _wait_start(
+    cluster: Cluster, predicate: Callable[[dict[str, Any]], bool], timeout: float
+) -> dict[str, Any] | None:
+    """The first start row (oldest) matching *predicate*, waiting up to *timeout* s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [r for r in cluster.history() if r["kind"] == "start" and predicate(r)]
+        if found:
+            return min(found, key=lambda r: float(r["at"]))
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.1)
+
+
+def run_scenario(bed: PartitionBed, fault: Fault) -> Outcome:
+    """Stream runs, apply *fault*, heal; the checker's summary and the measured times."""
+    cluster = bed.cluster
+    leader = cluster.leader_worker(timeout=60)
+    token = _lease_token(cluster)
+    stage = bed.stage(leader)
+    new_leader_s = resumed_s = None
+    with streaming(cluster, every=0.1, task="chaos_work", args=(0.2,)) as sent:
+        time.sleep(1.5)  # runs of the first term
+        faulted = time.monotonic()
+        fault.apply(stage)
+        if fault.moves_lease:
+            newer = _wait_start(
+                cluster, lambda r: int(r["token"]) > token, TTL + NEW_LEADER_BOUND + 2
+            )
+            if newer is not None:
+                new_leader_s = float(newer["at"]) - faulted
+                time.sleep(1.0)  # the new term runs while the old leader is still cut off
+        else:
+            time.sleep(HOLD)
+        bed.net.heal()
+        healed = time.monotonic()
+        after = _wait_start(cluster, lambda r: float(r["at"]) > healed, TTL + RESUME_BOUND + 2)
+        if after is not None:
+            resumed_s = float(after["at"]) - healed
+        time.sleep(1.0)
+    # Every message sent must run: one a cut-off leader had taken comes back after the
+    # Redis broker's visibility timeout (4 s).
+    total = sent[0]
+    cluster.wait_history(
+        lambda rows: {r["i"] for r in rows if r["kind"] == "start"} >= set(range(total)), 30
+    )
+    time.sleep(0.5)  # the last runs' end rows
+    rows = cluster.history()
+    outcome = Outcome(fault, bed.store, bed.broker, check(rows, total), new_leader_s, resumed_s)
+    if fault.moves_lease:
+        outcome.handover_gap_s = _handover_gap(rows, token)
+    return outcome
+
+
+def _handover_gap(rows: list[dict[str, Any]], token: int) -> float | None:
+    """From the old leader's leader_lost (of *token*) to the first leader_elected after it."""
+    lost = [r["at"] for r in rows if r["kind"] == "signal-lost" and r["token"] == token]
+    elected = [r["at"] for r in rows if r["kind"] == "signal-elected" and r["token"] > token]
+    if not lost or not elected:
+        return None
+    return float(min(elected)) - float(min(lost))
