@@ -403,10 +403,25 @@ class RabbitMQServer:
     restart about 7.5 s (1 s of graceful shutdown, then the start). Most of a
     start is RabbitMQ loading every module to find its boot steps, so there
     is little to tune.
+
+    With *host* and *wrapper* (harness.netbed's ``NetBed.address`` and
+    ``NetBed.wrapper``) the node runs inside that host's network namespace
+    and listens for AMQP on *host* (guest may log in from other hosts: the
+    address is a test bed's private one); its Erlang distribution and epmd
+    stay on the namespace's own loopback.
     """
 
-    def __init__(self, workdir: Path, *, port: int | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        wrapper: list[str] | None = None,
+    ) -> None:
         self.binary = require_binary(RABBITMQ_SERVER)
+        self.host = host
+        self.wrapper = wrapper or []
         self.port = port or free_port()
         self.dist_port = free_port()
         while self.dist_port == self.port:
@@ -422,13 +437,14 @@ class RabbitMQServer:
         (self.workdir / "rabbitmq-env.conf").write_text("")
         (self.workdir / "enabled_plugins").write_text("[].\n")  # no management plugin: faster
         (self.workdir / "advanced.config").write_text("[].\n")
-        (self.workdir / "rabbitmq.conf").write_text(
-            f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
-        )
+        config = f"listeners.tcp.default = {host}:{self.port}\n"
+        if host != "127.0.0.1":
+            config += "loopback_users = none\n"  # guest, from the other hosts of the bed
+        (self.workdir / "rabbitmq.conf").write_text(config)
 
     @property
     def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+        return f"amqp://guest:guest@{self.host}:{self.port}//"
 
     def env(self) -> dict[str, str]:
         # Inherited RABBITMQ_*/ERL_* settings (or systemd's NOTIFY_SOCKET)
@@ -446,7 +462,7 @@ class RabbitMQServer:
             RABBITMQ_ADVANCED_CONFIG_FILE=str(work / "advanced.config"),
             RABBITMQ_ENABLED_PLUGINS_FILE=str(work / "enabled_plugins"),
             RABBITMQ_NODENAME=self.nodename,
-            RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+            RABBITMQ_NODE_IP_ADDRESS=self.host,
             RABBITMQ_NODE_PORT=str(self.port),
             # The default (node port + 20000) may be taken, or past 65535.
             RABBITMQ_DIST_PORT=str(self.dist_port),
@@ -466,7 +482,7 @@ class RabbitMQServer:
         # SIGTERM into a clean shutdown of the Erlang VM it runs.
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [self.binary],
+                [*self.wrapper, self.binary],
                 env=self.env(),
                 cwd=self.workdir,
                 stdin=subprocess.DEVNULL,
@@ -492,7 +508,7 @@ class RabbitMQServer:
                 )
             # py-amqp itself: kombu's connect() sleeps 2 s before its one retry.
             connection = amqp.Connection(
-                f"127.0.0.1:{self.port}", userid="guest", password="guest", connect_timeout=1
+                f"{self.host}:{self.port}", userid="guest", password="guest", connect_timeout=1
             )
             try:
                 connection.connect()

@@ -44,7 +44,7 @@ from celery_leader.exceptions import StoreError
 from celery_leader.stores import open_store
 from harness.cluster import Cluster, Worker
 from harness.netbed import NetBed
-from harness.servers import RedisServer
+from harness.servers import RabbitMQServer, RedisServer
 from tests.chaos.checker import Summary, check
 from tests.integration.streaming import streaming
 
@@ -237,6 +237,11 @@ def redis_on(net: NetBed, host: str, tmp: Path) -> RedisServer:
     return RedisServer(workdir, host=net.address(host), wrapper=net.wrapper(host)).start()
 
 
+def rabbitmq_on(net: NetBed, host: str, tmp: Path) -> RabbitMQServer:
+    """A private RabbitMQ node on *host* of the bed."""
+    return RabbitMQServer(tmp / host, host=net.address(host), wrapper=net.wrapper(host)).start()
+
+
 #: Store kind -> a function that starts one on the bed's "store" host. A store of
 #: another kind plugs in here (its server class taking a host address and a wrapper).
 STORES: dict[str, Callable[[NetBed, Path], BedServer]] = {
@@ -245,6 +250,7 @@ STORES: dict[str, Callable[[NetBed, Path], BedServer]] = {
 #: Broker kind -> a function that starts one on the bed's "broker" host.
 BROKERS: dict[str, Callable[[NetBed, Path], BedServer]] = {
     "redis": lambda net, tmp: redis_on(net, "broker", tmp),
+    "rabbitmq": lambda net, tmp: rabbitmq_on(net, "broker", tmp),
 }
 
 
