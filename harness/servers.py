@@ -638,9 +638,18 @@ class PostgresServer(ServerProcess):
     closed to other users). :meth:`kill` is ``kill -9`` of the postmaster
     (and its children with it); :meth:`start` again recovers from the WAL, as
     after a crash.
+
+    With *host* and *wrapper* (harness.netbed's ``NetBed.address`` and
+    ``NetBed.wrapper``) the server runs inside that host's network namespace,
+    listens on *host*, and trusts clients of that address's /24 (a test
+    bed's private subnet).
     """
 
-    def __init__(self, *, port: int | None = None) -> None:
+    def __init__(
+        self, *, port: int | None = None, host: str = "127.0.0.1", wrapper: list[str] | None = None
+    ) -> None:
+        self.host = host
+        self.wrapper = wrapper or []
         self.port = port or free_port()
         self.root = Path(tempfile.mkdtemp(prefix="celery-leader-pg-"))
         self.data = self.root / "data"
@@ -650,15 +659,16 @@ class PostgresServer(ServerProcess):
             shutil.chown(self.root, "postgres", "postgres")
         self.proc = None
 
-    def _run(self, *args: str, timeout: float = 60) -> None:
+    def _run(self, *args: str, timeout: float = 60, wrapper: list[str] | None = None) -> None:
         command = [*args]
         if self.as_postgres:
             command = ["runuser", "-u", "postgres", "--", *command]
+        command = [*(wrapper or []), *command]
         subprocess.run(command, check=True, capture_output=True, timeout=timeout)
 
     @property
     def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        return f"postgresql://postgres@{self.host}:{self.port}/postgres"
 
     #: A cluster made by initdb once per test process, copied for each server after it
     #: (a copy takes a fraction of initdb's time and CPU).
@@ -681,10 +691,15 @@ class PostgresServer(ServerProcess):
     def start(self) -> PostgresServer:
         if not (self.data / "PG_VERSION").exists():
             self._initdb()
+            if self.host != "127.0.0.1":
+                subnet = ".".join(self.host.split(".")[:3])
+                with open(self.data / "pg_hba.conf", "a") as hba:
+                    hba.write(f"host all all {subnet}.0/24 trust\n")
         self._run(
             postgres_binary("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w",
-            "-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "-o", f"-p {self.port} -k {self.root} -c listen_addresses={self.host} -c fsync=off",
             "start",
+            wrapper=self.wrapper,
         )  # fmt: skip
         return self
 
@@ -723,7 +738,8 @@ class PostgresServer(ServerProcess):
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", self.port)) != 0:
+                probe.settimeout(1)
+                if probe.connect_ex((self.host, self.port)) != 0:
                     break
             time.sleep(0.05)
         # What a crashed postmaster leaves behind, and a new one refuses to start beside.

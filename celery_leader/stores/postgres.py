@@ -32,6 +32,12 @@ default. Not told apart: a dump loaded into the same running server.
 Timeouts: ``statement_timeout`` and ``lock_timeout`` end slow statements on
 the server; a call that gets no answer at all (a paused server, a partition
 TCP does not notice) is ended by shutting its socket down at the deadline.
+``idle_in_transaction_session_timeout`` (the same timeout) ends on the
+server a session of ours that went silent inside a transaction: a worker
+cut off (or killed behind a partition) between an acquire's locking read and
+its commit would otherwise hold the lease row's lock until the server's TCP
+keepalive noticed (about two hours by default), and every other worker's
+acquire and the leader's renewals would wait on it: no one could lead.
 """
 
 from __future__ import annotations
@@ -492,8 +498,13 @@ def _connect(dsn: str, timeout: float, application: str) -> Any:
         # A statement that waits on a lock or a slow server gives up within the timeout;
         # a peer that went silent is noticed in seconds, not in TCP's two hours.
         # synchronous_commit on: an acquire is acknowledged only once it is on disk (and
-        # on synchronous standbys), whatever the server's default says.
-        options=f"-c statement_timeout={millis} -c lock_timeout={millis} -c synchronous_commit=on",
+        # on synchronous standbys), whatever the server's default says. A session silent
+        # inside a transaction (its client cut off mid-acquire) is ended by the server,
+        # releasing the lease row's lock, instead of holding it until TCP notices.
+        options=(
+            f"-c statement_timeout={millis} -c lock_timeout={millis}"
+            f" -c idle_in_transaction_session_timeout={millis} -c synchronous_commit=on"
+        ),
         keepalives=1,
         keepalives_idle=1,
         keepalives_interval=1,

@@ -57,6 +57,9 @@ def main() -> None:
     for store in stores:
         for broker in brokers:
             for fault in faults:
+                applies = FAULTS[fault].stores
+                if applies is not None and store not in applies:
+                    continue  # a fault of another store's (a PostgreSQL row lock, say)
                 for _ in range(max(args.repeat, 1)):
                     outcome = _run(store, broker, fault)
                     outcomes.append(outcome)

@@ -20,3 +20,10 @@ def redis_bed(tmp_path: Path) -> Iterator[PartitionBed]:
     """Redis store and Redis broker on hosts of their own, three workers on theirs."""
     with partition_bed(tmp_path, store="redis", broker="redis") as bed:
         yield bed
+
+
+@pytest.fixture
+def postgres_bed(tmp_path: Path) -> Iterator[PartitionBed]:
+    """PostgreSQL store and Redis broker on hosts of their own, three workers on theirs."""
+    with partition_bed(tmp_path, store="postgres", broker="redis") as bed:
+        yield bed

@@ -33,18 +33,21 @@ prints a table.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Protocol
 
 from celery_leader.exceptions import StoreError
 from celery_leader.stores import open_store
-from harness.cluster import Cluster, Worker
+from harness.cluster import ROOT, Cluster, Worker
 from harness.netbed import NetBed
-from harness.servers import RabbitMQServer, RedisServer
+from harness.servers import PostgresServer, RabbitMQServer, RedisServer
 from tests.chaos.checker import Summary, check
 from tests.integration.streaming import streaming
 
@@ -66,13 +69,15 @@ WORKERS = 3
 
 @dataclass
 class Stage:
-    """What a fault acts on: the bed, the leader's and the followers' hosts, the ports."""
+    """What a fault acts on: the bed, the leader's and the followers' hosts, the store."""
 
     net: NetBed
     leader: str
     followers: list[str]
     store_port: int
     broker_port: int
+    store_url: str
+    election: str
 
 
 @dataclass(frozen=True)
@@ -80,8 +85,13 @@ class Fault:
     name: str
     description: str
     apply: Callable[[Stage], None]
-    #: The leader must lose its lease during the fault, and another worker lead.
-    moves_lease: bool
+    #: True: the leader must lose its lease during the fault, and another worker lead.
+    #: False: the lease must stay where it is (one term). None: either.
+    moves_lease: bool | None
+    #: Seconds the fault lasts when it does not wait for a newer term.
+    hold: float = HOLD
+    #: The store kinds the fault means something for (None: every kind).
+    stores: tuple[str, ...] | None = None
 
 
 def _cut_both(stage: Stage) -> None:
@@ -92,6 +102,49 @@ def _cut_both(stage: Stage) -> None:
 def _slow_store(stage: Stage) -> None:
     # A round trip late by more than the renew interval: no renewal lands in time.
     stage.net.slow(stage.leader, "store", stage.store_port, delay_ms=RENEW * 1000 * 1.5)
+
+
+#: Run inside a follower's host: opens a session as the PostgreSQL store opens its own,
+#: takes the lease row's lock as an acquire does (SELECT ... FOR UPDATE inside its
+#: transaction), says "locked", and waits to be killed before it commits.
+_MID_ACQUIRE = """
+import sys, time
+from celery_leader.stores.postgres import _connect
+conn = _connect(sys.argv[1], float(sys.argv[3]), "celery-leader")
+conn.execute("BEGIN")
+conn.execute("SELECT 1 FROM celery_leader_lease WHERE name = %s FOR UPDATE", (sys.argv[2],))
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def _follower_mid_acquire(stage: Stage) -> None:
+    """A follower's store session cut off between its locking read and its commit.
+
+    The follower's host is cut from the store while a session of it holds the
+    lease row's lock inside a transaction; its process then dies, and its FIN
+    is lost in the partition: to the server the session is idle in its
+    transaction for as long as the partition lasts.
+    """
+    host = stage.followers[0]
+    store_timeout = RENEW / 2  # the store timeout a worker has by default
+    locker = subprocess.Popen(
+        [
+            *stage.net.wrapper(host),
+            sys.executable, "-c", _MID_ACQUIRE, stage.store_url, stage.election,
+            str(store_timeout),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert locker.stdout is not None
+        assert locker.stdout.readline().strip() == "locked", "the session took no lock"
+        stage.net.cut(host, "store")
+    finally:
+        locker.kill()
+        locker.wait()
 
 
 FAULTS = {
@@ -137,6 +190,14 @@ FAULTS = {
             _slow_store,
             moves_lease=True,
         ),
+        Fault(
+            "follower-mid-acquire",
+            "a follower cut from the store mid-acquire, holding the lease row's lock",
+            _follower_mid_acquire,
+            moves_lease=None,
+            hold=TTL + NEW_LEADER_BOUND + 3.0,  # longer than the bound on a gap in the runs
+            stores=("postgres",),
+        ),
     )
 }
 
@@ -156,6 +217,8 @@ class Outcome:
     #: Seconds from the old leader's leader_lost signal to the next leader_elected
     #: (negative: elected before the old one knew it had lost).
     handover_gap_s: float | None = None
+    #: The longest time without a run starting, from the fault to the heal.
+    longest_gap_s: float | None = None
     notes: list[str] = field(default_factory=list)
 
     def failures(self) -> list[str]:
@@ -175,8 +238,13 @@ class Outcome:
                     "the next leader was elected before the old one signalled its loss "
                     f"({self.handover_gap_s:.3f} s)"
                 )
-        elif self.summary.terms != 1:
+        elif self.fault.moves_lease is False and self.summary.terms != 1:
             found.append(f"{self.summary.terms} terms: the lease moved, it should not have")
+        if self.longest_gap_s is None or self.longest_gap_s > TTL + NEW_LEADER_BOUND:
+            found.append(
+                f"no run for {self.longest_gap_s} s during the fault "
+                f"(bound: ttl + {NEW_LEADER_BOUND:g} s)"
+            )
         if self.resumed_s is None or self.resumed_s > TTL + RESUME_BOUND:
             found.append(f"no run within ttl + {RESUME_BOUND:g} s of the heal ({self.resumed_s})")
         return found
@@ -195,6 +263,7 @@ class Outcome:
             "lost": len(s.lost),
             "duplicated": s.duplicates,
             "new leader s": _seconds(self.new_leader_s),
+            "longest gap s": _seconds(self.longest_gap_s),
             "resumed s": _seconds(self.resumed_s),
             "verdict": "ok" if not self.failures() else "FAIL",
         }
@@ -242,10 +311,16 @@ def rabbitmq_on(net: NetBed, host: str, tmp: Path) -> RabbitMQServer:
     return RabbitMQServer(tmp / host, host=net.address(host), wrapper=net.wrapper(host)).start()
 
 
+def postgres_on(net: NetBed, host: str, tmp: Path) -> PostgresServer:
+    """A private PostgreSQL cluster on *host* of the bed."""
+    return PostgresServer(host=net.address(host), wrapper=net.wrapper(host)).start()
+
+
 #: Store kind -> a function that starts one on the bed's "store" host. A store of
 #: another kind plugs in here (its server class taking a host address and a wrapper).
 STORES: dict[str, Callable[[NetBed, Path], BedServer]] = {
     "redis": lambda net, tmp: redis_on(net, "store", tmp),
+    "postgres": lambda net, tmp: postgres_on(net, "store", tmp),
 }
 #: Broker kind -> a function that starts one on the bed's "broker" host.
 BROKERS: dict[str, Callable[[NetBed, Path], BedServer]] = {
@@ -276,6 +351,8 @@ class PartitionBed:
             followers=[h for h in hosts if h != self.host_of(leader)],
             store_port=self.store_server.port,
             broker_port=self.broker_server.port,
+            store_url=self.store_server.url,
+            election=self.cluster.name,
         )
 
 
@@ -359,9 +436,10 @@ def run_scenario(bed: PartitionBed, fault: Fault) -> Outcome:
                 new_leader_s = float(newer["at"]) - faulted
                 time.sleep(1.0)  # the new term runs while the old leader is still cut off
         else:
-            time.sleep(HOLD)
+            time.sleep(fault.hold)
         bed.net.heal()
         healed = time.monotonic()
+        longest_gap_s = _longest_gap(cluster.history(), faulted, healed)
         after = _wait_start(cluster, lambda r: float(r["at"]) > healed, TTL + RESUME_BOUND + 2)
         if after is not None:
             resumed_s = float(after["at"]) - healed
@@ -375,9 +453,17 @@ def run_scenario(bed: PartitionBed, fault: Fault) -> Outcome:
     time.sleep(0.5)  # the last runs' end rows
     rows = cluster.history()
     outcome = Outcome(fault, bed.store, bed.broker, check(rows, total), new_leader_s, resumed_s)
+    outcome.longest_gap_s = longest_gap_s
     if fault.moves_lease:
         outcome.handover_gap_s = _handover_gap(rows, token)
     return outcome
+
+
+def _longest_gap(rows: list[dict[str, Any]], begin: float, end: float) -> float:
+    """The longest time in [begin, end] in which no run started."""
+    starts = sorted(float(r["at"]) for r in rows if r["kind"] == "start" and begin < r["at"] < end)
+    edges = [begin, *starts, end]
+    return max(b - a for a, b in pairwise(edges))
 
 
 def _handover_gap(rows: list[dict[str, Any]], token: int) -> float | None:

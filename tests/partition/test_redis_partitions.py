@@ -12,7 +12,7 @@ import pytest
 
 from tests.partition.scenarios import FAULTS, PartitionBed, run_scenario
 
-pytestmark = pytest.mark.partition
+pytestmark = [pytest.mark.partition, pytest.mark.slow]
 
 
 def _judge(bed: PartitionBed, fault: str) -> None:
