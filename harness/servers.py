@@ -807,9 +807,13 @@ class EtcdMember(ServerProcess):
         client_port: int | None = None,
         peer_port: int | None = None,
         extra: list[str] | None = None,
+        host: str = "127.0.0.1",
+        wrapper: list[str] | None = None,
     ) -> None:
         self.binary = require_binary("etcd")
         self.workdir = workdir
+        self.host = host  # with *wrapper*, a host of harness.netbed runs it on its address
+        self.wrapper = wrapper or []
         self.client_port = client_port or free_port()
         self.peer_port = peer_port or free_port()
         while self.peer_port == self.client_port:
@@ -826,15 +830,15 @@ class EtcdMember(ServerProcess):
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
+        return f"{self.host}:{self.client_port}"
 
     @property
     def client_url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"http://{self.host}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
-        return f"http://127.0.0.1:{self.peer_port}"
+        return f"http://{self.host}:{self.peer_port}"
 
     @property
     def running(self) -> bool:
@@ -843,6 +847,7 @@ class EtcdMember(ServerProcess):
 
     def args(self) -> list[str]:
         return [
+            *self.wrapper,
             self.binary,
             "--name", self.name,
             "--data-dir", str(self.data_dir),
@@ -994,9 +999,15 @@ class EtcdCluster:
         *,
         prefix: str = "celery-leader-test",
         extra: list[str] | None = None,
+        hosts: list[tuple[str, list[str]]] | None = None,
     ) -> None:
+        """*hosts*: (address, command prefix) of each member, harness.netbed hosts (one
+        per member); by default every member on loopback."""
         if size < 1:
             raise ValueError(f"size={size}: a cluster has at least one member")
+        if hosts is not None and len(hosts) != size:
+            raise ValueError(f"hosts: {len(hosts)} given for {size} members")
+        self.hosts = hosts
         self.workdir = workdir
         self.prefix = prefix
         self.size = size
@@ -1011,7 +1022,8 @@ class EtcdCluster:
         members: list[EtcdMember] = []
         ports: set[int] = set()
         while len(members) < self.size:
-            member = EtcdMember(self.workdir, extra=self.extra)
+            host, wrapper = self.hosts[len(members)] if self.hosts else ("127.0.0.1", [])
+            member = EtcdMember(self.workdir, extra=self.extra, host=host, wrapper=wrapper)
             if not {member.client_port, member.peer_port} & ports:
                 members.append(member)
                 ports |= {member.client_port, member.peer_port}

@@ -1,5 +1,5 @@
 """The partition matrix: ``python -m tests.partition [--store S,..] [--broker B,..]
-[--fault F,..] [--repeat N]`` (needs root).
+[--fault F,..] [--repeat N] [-v]`` (needs root).
 
 Runs every fault of tests/partition/scenarios.py on a fresh bed for every
 store and broker kind (all by default), prints one table row per run
@@ -49,6 +49,7 @@ def main() -> None:
     parser.add_argument("--broker", default="all", help=f"of {', '.join(BROKERS)}")
     parser.add_argument("--fault", default="all", help=f"of {', '.join(FAULTS)}")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each combination")
+    parser.add_argument("-v", "--verbose", action="store_true", help="each run's report")
     args = parser.parse_args()
     stores = _choice(args.store, dict(STORES), "store")
     brokers = _choice(args.broker, dict(BROKERS), "broker")
@@ -65,12 +66,12 @@ def main() -> None:
                     outcomes.append(outcome)
                     verdict = "ok" if not outcome.failures() else "FAIL"
                     print(f"{store}/{broker} {fault}: {verdict}", flush=True)
+                    if args.verbose:
+                        print(outcome.report(), flush=True)
     print(table(outcomes))
     failed = [o for o in outcomes if o.failures()]
     for outcome in failed:
-        print(f"\nFAIL {outcome.store}/{outcome.broker} {outcome.fault.name}:")
-        for reason in outcome.failures():
-            print(f"  {reason}")
+        print(f"\n{outcome.report()}")
     sys.exit(1 if failed else 0)
 
 

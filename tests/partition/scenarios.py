@@ -47,8 +47,15 @@ from celery_leader.exceptions import StoreError
 from celery_leader.stores import open_store
 from harness.cluster import ROOT, Cluster, Worker
 from harness.netbed import NetBed
-from harness.servers import PostgresServer, RabbitMQServer, RedisServer
+from harness.servers import (
+    EtcdCluster,
+    EtcdMember,
+    PostgresServer,
+    RabbitMQServer,
+    RedisServer,
+)
 from tests.chaos.checker import Summary, check
+from tests.chaos.run import RunWatcher
 from tests.integration.streaming import streaming
 
 TTL = 2.0
@@ -74,10 +81,12 @@ class Stage:
     net: NetBed
     leader: str
     followers: list[str]
-    store_port: int
+    #: The hosts the store runs on (one, or one per member), with their client ports.
+    store_hosts: dict[str, int]
     broker_port: int
     store_url: str
     election: str
+    store: BedServer
 
 
 @dataclass(frozen=True)
@@ -94,14 +103,39 @@ class Fault:
     stores: tuple[str, ...] | None = None
 
 
+def _cut_store(stage: Stage) -> None:
+    for host in stage.store_hosts:
+        stage.net.cut(stage.leader, host)
+
+
 def _cut_both(stage: Stage) -> None:
-    stage.net.cut(stage.leader, "store")
+    _cut_store(stage)
     stage.net.cut(stage.leader, "broker")
+
+
+def _one_way_store(stage: Stage) -> None:
+    for host in stage.store_hosts:
+        stage.net.cut_one_way(stage.leader, host)
 
 
 def _slow_store(stage: Stage) -> None:
     # A round trip late by more than the renew interval: no renewal lands in time.
-    stage.net.slow(stage.leader, "store", stage.store_port, delay_ms=RENEW * 1000 * 1.5)
+    for host, port in stage.store_hosts.items():
+        stage.net.slow(stage.leader, host, port, delay_ms=RENEW * 1000 * 1.5)
+
+
+def _etcd_leader_minority(stage: Stage) -> None:
+    """The etcd member the workers reach first (the first of the URL), made raft leader,
+    cut from the other two members; the workers still reach every member. It is a
+    minority of one: it cannot commit, and the other two elect a leader of their own."""
+    assert isinstance(stage.store, EtcdOnBed)
+    cluster = stage.store.cluster
+    first = cluster.members[0]
+    stage.store.lead(first)
+    host = stage.store.host_of(first)
+    for other in stage.store_hosts:
+        if other != host:
+            stage.net.cut(host, other)
 
 
 #: Run inside a follower's host: opens a session as the PostgreSQL store opens its own,
@@ -141,7 +175,8 @@ def _follower_mid_acquire(stage: Stage) -> None:
     try:
         assert locker.stdout is not None
         assert locker.stdout.readline().strip() == "locked", "the session took no lock"
-        stage.net.cut(host, "store")
+        for store_host in stage.store_hosts:
+            stage.net.cut(host, store_host)
     finally:
         locker.kill()
         locker.wait()
@@ -153,7 +188,7 @@ FAULTS = {
         Fault(
             "leader-store",
             "the leader cut from the store, both ways",
-            lambda s: s.net.cut(s.leader, "store"),
+            _cut_store,
             moves_lease=True,
         ),
         Fault(
@@ -180,7 +215,7 @@ FAULTS = {
         Fault(
             "leader-store-oneway",
             "every packet from the leader to the store lost (the other way passes)",
-            lambda s: s.net.cut_one_way(s.leader, "store"),
+            _one_way_store,
             moves_lease=True,
         ),
         Fault(
@@ -197,6 +232,14 @@ FAULTS = {
             moves_lease=None,
             hold=TTL + NEW_LEADER_BOUND + 3.0,  # longer than the bound on a gap in the runs
             stores=("postgres",),
+        ),
+        Fault(
+            "etcd-leader-minority",
+            "the etcd member the workers use, raft leader, cut from the other two members",
+            _etcd_leader_minority,
+            moves_lease=None,
+            hold=TTL + NEW_LEADER_BOUND + 3.0,
+            stores=("etcd",),
         ),
     )
 }
@@ -248,6 +291,20 @@ class Outcome:
         if self.resumed_s is None or self.resumed_s > TTL + RESUME_BOUND:
             found.append(f"no run within ttl + {RESUME_BOUND:g} s of the heal ({self.resumed_s})")
         return found
+
+    def report(self) -> str:
+        """The checker's table, the times, the term changes and the failures, for a reader."""
+        return "\n".join(
+            [
+                f"{self.store}/{self.broker} {self.fault.name}: {self.fault.description}",
+                self.summary.table(),
+                f"  new leader {_seconds(self.new_leader_s)} s, longest gap "
+                f"{_seconds(self.longest_gap_s)} s, resumed {_seconds(self.resumed_s)} s, "
+                f"handover gap {_seconds(self.handover_gap_s)} s",
+                *(f"  {note}" for note in self.notes),
+                *(f"  FAIL: {failure}" for failure in self.failures()),
+            ]
+        )
 
     def row(self) -> dict[str, Any]:
         s = self.summary
@@ -316,11 +373,53 @@ def postgres_on(net: NetBed, host: str, tmp: Path) -> PostgresServer:
     return PostgresServer(host=net.address(host), wrapper=net.wrapper(host)).start()
 
 
-#: Store kind -> a function that starts one on the bed's "store" host. A store of
-#: another kind plugs in here (its server class taking a host address and a wrapper).
+class EtcdOnBed:
+    """A three-member etcd cluster, one member on each store host of the bed."""
+
+    def __init__(self, net: NetBed, hosts: tuple[str, ...], tmp: Path) -> None:
+        self.net = net
+        self.cluster = EtcdCluster(
+            tmp / "etcd", size=len(hosts), hosts=[(net.address(h), net.wrapper(h)) for h in hosts]
+        )
+        self.cluster.start()
+        self.port = self.cluster.members[0].client_port
+
+    @property
+    def url(self) -> str:
+        return self.cluster.url
+
+    def host_of(self, member: EtcdMember) -> str:
+        (host,) = (h.name for h in self.net.hosts.values() if h.address == member.host)
+        return host
+
+    def lead(self, member: EtcdMember) -> None:
+        """Move the raft leadership to *member* (etcdctl move-leader) and wait for it."""
+        statuses = {m.name: own for m, own, _, _ in self.cluster._statuses()}
+        if self.cluster.wait_leader(10) is not member:
+            done = self.cluster.etcdctl("move-leader", f"{statuses[member.name]:x}")
+            if done.returncode != 0:
+                raise RuntimeError(f"etcdctl move-leader failed: {done.stderr.strip()}")
+        deadline = time.monotonic() + 10
+        while self.cluster.leader() is not member:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{member.name} did not become the etcd leader")
+            time.sleep(0.05)
+
+    def ports(self) -> dict[str, int]:
+        return {self.host_of(m): m.client_port for m in self.cluster.members}
+
+    def stop(self) -> None:
+        self.cluster.close()
+
+
+#: Store kind -> the bed's hosts it runs on (default: one, "store").
+STORE_HOSTS: dict[str, tuple[str, ...]] = {"etcd": ("store", "store2", "store3")}
+#: Store kind -> a function that starts one on its hosts of the bed. A store of another
+#: kind plugs in here (its server class taking a host address and a wrapper).
 STORES: dict[str, Callable[[NetBed, Path], BedServer]] = {
     "redis": lambda net, tmp: redis_on(net, "store", tmp),
     "postgres": lambda net, tmp: postgres_on(net, "store", tmp),
+    "etcd": lambda net, tmp: EtcdOnBed(net, STORE_HOSTS["etcd"], tmp),
 }
 #: Broker kind -> a function that starts one on the bed's "broker" host.
 BROKERS: dict[str, Callable[[NetBed, Path], BedServer]] = {
@@ -349,10 +448,15 @@ class PartitionBed:
             net=self.net,
             leader=self.host_of(leader),
             followers=[h for h in hosts if h != self.host_of(leader)],
-            store_port=self.store_server.port,
+            store_hosts=(
+                self.store_server.ports()
+                if isinstance(self.store_server, EtcdOnBed)
+                else {"store": self.store_server.port}
+            ),
             broker_port=self.broker_server.port,
             store_url=self.store_server.url,
             election=self.cluster.name,
+            store=self.store_server,
         )
 
 
@@ -364,7 +468,9 @@ def partition_bed(tmp: Path, store: str = "redis", broker: str = "redis") -> Ite
     Everything is stopped and the bed removed at the end of the block, whatever failed.
     """
     with ExitStack() as stack:
-        net = NetBed(["store", "broker", *(f"w{n}" for n in range(1, WORKERS + 1))]).start()
+        store_hosts = STORE_HOSTS.get(store, ("store",))
+        workers = [f"w{n}" for n in range(1, WORKERS + 1)]
+        net = NetBed([*store_hosts, "broker", *workers]).start()
         stack.callback(net.close)  # last: kills whatever still runs in the namespaces
         (tmp / "history").mkdir(parents=True, exist_ok=True)
         history = RedisServer(tmp / "history", host=net.controller).start()
@@ -423,8 +529,54 @@ def run_scenario(bed: PartitionBed, fault: Fault) -> Outcome:
     leader = cluster.leader_worker(timeout=60)
     token = _lease_token(cluster)
     stage = bed.stage(leader)
+    # Watches every run until the end (a run killed after the stream stopped has a gone
+    # row too): the stream's own watcher would stop with the stream.
+    watcher = RunWatcher(cluster.env["LEADER_HISTORY"])
+    watcher.start()
+    try:
+        sent, longest_gap_s, new_leader_s, resumed_s, faulted, healed = _stream_through(
+            bed, fault, stage, token
+        )
+        # Every message sent must run: one a cut-off leader had taken comes back after the
+        # Redis broker's visibility timeout (4 s).
+        cluster.wait_history(
+            lambda rows: {r["i"] for r in rows if r["kind"] == "start"} >= set(range(sent)), 30
+        )
+        time.sleep(0.5)  # the last runs' end rows
+        watcher.settle(10)
+    finally:
+        watcher.stop()
+        watcher.close()
+    rows = cluster.history()
+    outcome = Outcome(fault, bed.store, bed.broker, check(rows, sent), new_leader_s, resumed_s)
+    outcome.longest_gap_s = longest_gap_s
+    outcome.notes = _term_changes(rows, faulted, healed)
+    if fault.moves_lease:
+        outcome.handover_gap_s = _handover_gap(rows, token)
+    return outcome
+
+
+def _term_changes(rows: list[dict[str, Any]], faulted: float, healed: float) -> list[str]:
+    """When each term's first run started, from the fault (and whether before the heal)."""
+    first: dict[int, float] = {}
+    for row in rows:
+        if row["kind"] == "start":
+            first[int(row["token"])] = min(first.get(int(row["token"]), row["at"]), row["at"])
+    return [
+        f"term {token}: first run {at - faulted:+.2f} s from the fault "
+        f"({'before' if at < healed else 'after'} the heal)"
+        for token, at in sorted(first.items())
+    ]
+
+
+def _stream_through(
+    bed: PartitionBed, fault: Fault, stage: Stage, token: int
+) -> tuple[int, float, float | None, float | None, float, float]:
+    """Stream runs through the fault and the heal: (messages sent, the longest gap in the
+    runs during the fault, new leader s, resumed s, fault time, heal time)."""
+    cluster = bed.cluster
     new_leader_s = resumed_s = None
-    with streaming(cluster, every=0.1, task="chaos_work", args=(0.2,)) as sent:
+    with streaming(cluster, every=0.1, task="chaos_work", args=(0.2,), watch=False) as sent:
         time.sleep(1.5)  # runs of the first term
         faulted = time.monotonic()
         fault.apply(stage)
@@ -444,19 +596,7 @@ def run_scenario(bed: PartitionBed, fault: Fault) -> Outcome:
         if after is not None:
             resumed_s = float(after["at"]) - healed
         time.sleep(1.0)
-    # Every message sent must run: one a cut-off leader had taken comes back after the
-    # Redis broker's visibility timeout (4 s).
-    total = sent[0]
-    cluster.wait_history(
-        lambda rows: {r["i"] for r in rows if r["kind"] == "start"} >= set(range(total)), 30
-    )
-    time.sleep(0.5)  # the last runs' end rows
-    rows = cluster.history()
-    outcome = Outcome(fault, bed.store, bed.broker, check(rows, total), new_leader_s, resumed_s)
-    outcome.longest_gap_s = longest_gap_s
-    if fault.moves_lease:
-        outcome.handover_gap_s = _handover_gap(rows, token)
-    return outcome
+    return sent[0], longest_gap_s, new_leader_s, resumed_s, faulted, healed
 
 
 def _longest_gap(rows: list[dict[str, Any]], begin: float, end: float) -> float:

@@ -17,11 +17,7 @@ pytestmark = [pytest.mark.partition, pytest.mark.slow]
 
 def _judge(bed: PartitionBed, fault: str) -> None:
     outcome = run_scenario(bed, FAULTS[fault])
-    assert not outcome.failures(), (
-        f"{FAULTS[fault].description}:\n{outcome.summary.table()}\n"
-        f"new leader {outcome.new_leader_s}, resumed {outcome.resumed_s}, "
-        f"handover gap {outcome.handover_gap_s}\n" + "\n".join(outcome.failures())
-    )
+    assert not outcome.failures(), outcome.report()
 
 
 def test_leader_cut_from_the_store_stops_before_another_leads(redis_bed: PartitionBed) -> None:
