@@ -34,8 +34,9 @@ Guarantees:
   :meth:`start` on the machine (:func:`sweep_leftovers`), before any index
   is reused.
 * **Faults are exact and undone by :meth:`heal`.** :meth:`cut` drops every
-  packet between two hosts both ways, :meth:`cut_one_way` only from one to
-  the other (replies the other way still pass, but none is asked for),
+  packet between two hosts both ways, :meth:`cut_one_way` only what one
+  sends to the other (what the other sends still arrives; TCP between them
+  stalls all the same, its acknowledgements being lost),
   :meth:`isolate` every packet of a host but the controller's, :meth:`lose`
   a share of the packets a host sends, at random, :meth:`slow` delays a
   host's TCP connections to one server (through a relay: the test
@@ -347,8 +348,10 @@ class NetBed:
         connections *name* had open to *to*:*port* are cut (their packets
         dropped), as a link that turned slow would hold them until the client
         gives up; the client's next connections are the slow ones. *to* sees
-        them come from the controller's address. :meth:`heal` closes the relay
-        (its connections end: the client reconnects, directly).
+        them come from the controller's address, so a :meth:`cut` between *name*
+        and *to* would not stop the relayed connections: heal before cutting.
+        :meth:`heal` closes the relay (its connections end: the client
+        reconnects, directly).
         """
         proxy = FaultProxy(port, target_host=self.address(to), listen_host=self.controller)
         proxy.set_mode("delay", delay=delay_ms / 2000)
