@@ -7,6 +7,8 @@
 #                             Celery/kombu/redis-py and on every supported Python
 #   ./run.sh simulate [--seeds N] [--seed S] [--elections K] [--store S]   deterministic simulation of the lease protocol;
 #                             ends with "N seeds, V violations", exit 0 only when V is 0
+#   ./run.sh partition [--store S] [--broker B] [--fault F] [--repeat N]   every network
+#                             partition scenario on every store and broker (root); a table
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -66,6 +68,10 @@ test_services() {
   { command -v etcd && command -v etcdctl; } >/dev/null || apt_install etcd-server etcd-client
   # The chaos suite starts (and restarts) RabbitMQ nodes of its own: it needs the server.
   [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || apt_install rabbitmq-server
+  # The partition tests (harness/netbed.py) build network namespaces joined by veths and
+  # cut them with nftables rules: iproute2 and nftables.
+  command -v ip >/dev/null || apt_install iproute2
+  command -v nft >/dev/null || apt_install nftables
   # The other RabbitMQ broker tests use the machine's RabbitMQ on 127.0.0.1:5672 (guest/guest).
   if ! port_open 5672; then
     as_root rabbitmq-server -detached >/dev/null 2>&1 || true
@@ -220,12 +226,17 @@ case "$cmd" in
     venv "dev,bench"
     exec .venv/bin/python -m benchmarks.report "$@"
     ;;
+  partition)
+    test_services
+    venv dev
+    exec .venv/bin/python -m tests.partition "$@"
+    ;;
   simulate)
     venv ""
     exec .venv/bin/python -m celery_leader.simulation "$@"
     ;;
   *)
-    echo "usage: ./run.sh demo|test|compat|bench|simulate [args]" >&2
+    echo "usage: ./run.sh demo|test|compat|bench|simulate|partition [args]" >&2
     exit 2
     ;;
 esac

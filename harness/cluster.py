@@ -44,6 +44,7 @@ LEADER_TASKS = (
     "overlap_retry",
     "overlap_stubborn",
     "retry_later",
+    "chaos_work",
 )
 RABBITMQ_URL = os.environ.get("LEADER_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 RABBITMQCTL = "/usr/sbin/rabbitmqctl"
@@ -157,7 +158,17 @@ class Beat(Worker):
 
 
 class Cluster:
-    """Servers, environment and workers for one test."""
+    """Servers, environment and workers for one test.
+
+    By default it starts its servers on loopback: a Redis for the broker and
+    the run history (db 2), a Redis for the lease store. A test may hand it
+    servers it started elsewhere (on hosts of harness.netbed, say): *data*
+    (the Redis broker), *store* (a Redis lease store) or *store_url* (a lease
+    store of any kind, which the test stops; :attr:`store` is None then) and
+    *history* (the run history, db 2, apart from the broker so that no fault
+    of the broker's reaches it). The cluster stops the Redis servers it was
+    given, as its own.
+    """
 
     def __init__(
         self,
@@ -166,6 +177,10 @@ class Cluster:
         rabbitmq_url: str = RABBITMQ_URL,
         *,
         visibility: float = 4,
+        data: RedisServer | None = None,
+        store: RedisServer | None = None,
+        store_url: str | None = None,
+        history: RedisServer | None = None,
     ) -> None:
         """*broker*: "redis" (the data server), "rabbitmq" (*rabbitmq_url*) or "sqs" (its own
         moto server); *visibility*: the broker's visibility timeout (Redis, SQS), seconds.
@@ -173,8 +188,10 @@ class Cluster:
         if broker not in BROKERS:
             raise ValueError(f"broker={broker!r}: expected one of {', '.join(BROKERS)}")
         self.tmp = tmp
-        self.data = RedisServer(tmp).start()  # broker (redis runs) and run history
-        self.store = RedisServer(tmp).start()  # the lease store, separate so it can be paused
+        self.data = data or RedisServer(tmp).start()  # broker (redis runs) and run history
+        # The lease store, separate so it can be paused.
+        self.store = store or (RedisServer(tmp).start() if store_url is None else None)
+        self.history_server = history or self.data
         self.sqs = SqsServer(tmp).start() if broker == "sqs" else None
         self.name = f"t{uuid.uuid4().hex[:8]}"
         broker_url = {"redis": self.data.url, "rabbitmq": rabbitmq_url}.get(broker, "")
@@ -185,8 +202,8 @@ class Cluster:
         self.env = {
             **os.environ,
             "LEADER_BROKER": broker_url,
-            "LEADER_STORE": self.store.url,
-            "LEADER_HISTORY": f"redis://127.0.0.1:{self.data.port}/2",
+            "LEADER_STORE": self.store.url if self.store is not None else str(store_url),
+            "LEADER_HISTORY": self.history_server.db_url(2),
             "LEADER_NAME": self.name,
             "LEADER_TTL": "2",
             "LEADER_VISIBILITY": f"{visibility:g}",
@@ -196,7 +213,10 @@ class Cluster:
         self.workers: list[Worker] = []
         self.beats: list[Beat] = []
         self.history_client = redis.Redis(
-            host="127.0.0.1", port=self.data.port, db=2, decode_responses=True
+            host=self.history_server.host,
+            port=self.history_server.port,
+            db=2,
+            decode_responses=True,
         )
         self.client = Celery("client", broker=broker_url)
         self.client.conf.update(
@@ -310,7 +330,9 @@ class Cluster:
         for process in [*self.workers, *self.beats]:
             process.stop()
         self.client.close()
-        self.data.stop()
-        self.store.stop()
+        self.history_client.close()
+        servers = [self.data, self.history_server, *([self.store] if self.store else [])]
+        for server in {id(s): s for s in servers}.values():  # the history may be the broker's
+            server.stop()
         if self.sqs is not None:
             self.sqs.stop()

@@ -26,10 +26,17 @@ from harness.servers import free_port
 
 
 class FaultProxy:
-    """Forward 127.0.0.1:<port> to 127.0.0.1:<target>, with faults on demand."""
+    """Forward <listen_host>:<port> to <target_host>:<target>, with faults on demand.
 
-    def __init__(self, target_port: int) -> None:
+    Both hosts are 127.0.0.1 unless given (harness.netbed routes a host's
+    connections through a proxy on its controller address to slow them).
+    """
+
+    def __init__(
+        self, target_port: int, *, target_host: str = "127.0.0.1", listen_host: str = "127.0.0.1"
+    ) -> None:
         self.target_port = target_port
+        self.target_host = target_host
         self.port = free_port()
         self.mode = "pass"
         self.delay = 0.0
@@ -37,7 +44,7 @@ class FaultProxy:
         self._epoch = 0  # bumped on every switch: replies are counted from it
         self._armed: tuple[str, float, int] | None = None
         self._freeze_after: int | None = None  # requests left to let through, then freeze
-        self._listener = socket.create_server(("127.0.0.1", self.port))
+        self._listener = socket.create_server((listen_host, self.port))
         self._listener.settimeout(0.2)
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -81,7 +88,7 @@ class FaultProxy:
                 client.close()
                 continue
             try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=2)
+                upstream = socket.create_connection((self.target_host, self.target_port), timeout=2)
             except OSError:
                 client.close()
                 continue

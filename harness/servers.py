@@ -79,14 +79,16 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in share {share} of {shares}")
 
 
-def wait_for_port(proc: subprocess.Popen[bytes], port: int, what: str, timeout: float) -> None:
-    """Block until *proc* listens on 127.0.0.1:*port*; fail if it exits or takes too long."""
+def wait_for_port(
+    proc: subprocess.Popen[bytes], port: int, what: str, timeout: float, host: str = "127.0.0.1"
+) -> None:
+    """Block until *proc* listens on *host*:*port*; fail if it exits or takes too long."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with {proc.returncode}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            with socket.create_connection((host, port), timeout=0.2):
                 return
         except OSError:
             time.sleep(0.02)
@@ -122,7 +124,12 @@ class ServerProcess:
 
 
 class RedisServer(ServerProcess):
-    """One redis-server without persistence, controlled by the test."""
+    """One redis-server without persistence, controlled by the test.
+
+    By default on loopback; with *host* and *wrapper* (harness.netbed's
+    ``NetBed.address`` and ``NetBed.wrapper``), on that address inside a
+    host's network namespace: the test reaches it there, from the root one.
+    """
 
     def __init__(
         self,
@@ -131,23 +138,31 @@ class RedisServer(ServerProcess):
         port: int | None = None,
         extra: list[str] | None = None,
         tls: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
+        wrapper: list[str] | None = None,
     ) -> None:
         self.workdir = workdir
         self.port = port or free_port()
         self.extra = extra or []
         self.tls = tls
+        self.host = host
+        self.wrapper = wrapper or []  # runs redis-server (``ip netns exec NS``, which execs it)
         self.proc: subprocess.Popen[bytes] | None = None
         self.binary = require_binary("redis-server")
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return self.db_url(0)
+
+    def db_url(self, db: int) -> str:
+        return f"redis://{self.host}:{self.port}/{db}"
 
     def args(self) -> list[str]:
         args = [
+            *self.wrapper,
             self.binary,
             "--bind",
-            "127.0.0.1",
+            self.host,
             "--save",
             "",
             "--appendonly",
@@ -176,6 +191,10 @@ class RedisServer(ServerProcess):
             ]
         else:
             args += ["--port", str(self.port)]
+        if self.host != "127.0.0.1":
+            # Bound to a test bed's private address alone: clients of other hosts of the
+            # bed connect to it, which protected mode refuses without a password.
+            args += ["--protected-mode", "no"]
         return args + self.extra
 
     def start(self) -> RedisServer:
@@ -187,10 +206,10 @@ class RedisServer(ServerProcess):
 
     def wait_ready(self, timeout: float = 10.0) -> None:
         assert self.proc is not None
-        wait_for_port(self.proc, self.port, "redis-server", timeout)
+        wait_for_port(self.proc, self.port, "redis-server", timeout, self.host)
 
     def client(self, **kwargs: object) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True, **kwargs)
+        return redis.Redis(host=self.host, port=self.port, decode_responses=True, **kwargs)
 
     def kill(self) -> None:
         self.stop()
@@ -387,10 +406,25 @@ class RabbitMQServer:
     restart about 7.5 s (1 s of graceful shutdown, then the start). Most of a
     start is RabbitMQ loading every module to find its boot steps, so there
     is little to tune.
+
+    With *host* and *wrapper* (harness.netbed's ``NetBed.address`` and
+    ``NetBed.wrapper``) the node runs inside that host's network namespace
+    and listens for AMQP on *host* (guest may log in from other hosts: the
+    address is a test bed's private one); its Erlang distribution and epmd
+    stay on the namespace's own loopback.
     """
 
-    def __init__(self, workdir: Path, *, port: int | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        wrapper: list[str] | None = None,
+    ) -> None:
         self.binary = require_binary(RABBITMQ_SERVER)
+        self.host = host
+        self.wrapper = wrapper or []
         self.port = port or free_port()
         self.dist_port = free_port()
         while self.dist_port == self.port:
@@ -406,13 +440,14 @@ class RabbitMQServer:
         (self.workdir / "rabbitmq-env.conf").write_text("")
         (self.workdir / "enabled_plugins").write_text("[].\n")  # no management plugin: faster
         (self.workdir / "advanced.config").write_text("[].\n")
-        (self.workdir / "rabbitmq.conf").write_text(
-            f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
-        )
+        config = f"listeners.tcp.default = {host}:{self.port}\n"
+        if host != "127.0.0.1":
+            config += "loopback_users = none\n"  # guest, from the other hosts of the bed
+        (self.workdir / "rabbitmq.conf").write_text(config)
 
     @property
     def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+        return f"amqp://guest:guest@{self.host}:{self.port}//"
 
     def env(self) -> dict[str, str]:
         # Inherited RABBITMQ_*/ERL_* settings (or systemd's NOTIFY_SOCKET)
@@ -430,7 +465,7 @@ class RabbitMQServer:
             RABBITMQ_ADVANCED_CONFIG_FILE=str(work / "advanced.config"),
             RABBITMQ_ENABLED_PLUGINS_FILE=str(work / "enabled_plugins"),
             RABBITMQ_NODENAME=self.nodename,
-            RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+            RABBITMQ_NODE_IP_ADDRESS=self.host,
             RABBITMQ_NODE_PORT=str(self.port),
             # The default (node port + 20000) may be taken, or past 65535.
             RABBITMQ_DIST_PORT=str(self.dist_port),
@@ -450,7 +485,7 @@ class RabbitMQServer:
         # SIGTERM into a clean shutdown of the Erlang VM it runs.
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [self.binary],
+                [*self.wrapper, self.binary],
                 env=self.env(),
                 cwd=self.workdir,
                 stdin=subprocess.DEVNULL,
@@ -476,7 +511,7 @@ class RabbitMQServer:
                 )
             # py-amqp itself: kombu's connect() sleeps 2 s before its one retry.
             connection = amqp.Connection(
-                f"127.0.0.1:{self.port}", userid="guest", password="guest", connect_timeout=1
+                f"{self.host}:{self.port}", userid="guest", password="guest", connect_timeout=1
             )
             try:
                 connection.connect()
@@ -685,9 +720,18 @@ class PostgresServer(ServerProcess):
     closed to other users). :meth:`kill` is ``kill -9`` of the postmaster
     (and its children with it); :meth:`start` again recovers from the WAL, as
     after a crash.
+
+    With *host* and *wrapper* (harness.netbed's ``NetBed.address`` and
+    ``NetBed.wrapper``) the server runs inside that host's network namespace,
+    listens on *host*, and trusts clients of that address's /24 (a test
+    bed's private subnet).
     """
 
-    def __init__(self, *, port: int | None = None) -> None:
+    def __init__(
+        self, *, port: int | None = None, host: str = "127.0.0.1", wrapper: list[str] | None = None
+    ) -> None:
+        self.host = host
+        self.wrapper = wrapper or []
         self.port = port or free_port()
         self.root = Path(tempfile.mkdtemp(prefix="celery-leader-pg-"))
         self.data = self.root / "data"
@@ -697,15 +741,16 @@ class PostgresServer(ServerProcess):
             shutil.chown(self.root, "postgres", "postgres")
         self.proc = None
 
-    def _run(self, *args: str, timeout: float = 60) -> None:
+    def _run(self, *args: str, timeout: float = 60, wrapper: list[str] | None = None) -> None:
         command = [*args]
         if self.as_postgres:
             command = ["runuser", "-u", "postgres", "--", *command]
+        command = [*(wrapper or []), *command]
         subprocess.run(command, check=True, capture_output=True, timeout=timeout)
 
     @property
     def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        return f"postgresql://postgres@{self.host}:{self.port}/postgres"
 
     #: A cluster made by initdb once per test process, copied for each server after it
     #: (a copy takes a fraction of initdb's time and CPU).
@@ -728,10 +773,15 @@ class PostgresServer(ServerProcess):
     def start(self) -> PostgresServer:
         if not (self.data / "PG_VERSION").exists():
             self._initdb()
+            if self.host != "127.0.0.1":
+                subnet = ".".join(self.host.split(".")[:3])
+                with open(self.data / "pg_hba.conf", "a") as hba:
+                    hba.write(f"host all all {subnet}.0/24 trust\n")
         self._run(
             postgres_binary("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w",
-            "-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "-o", f"-p {self.port} -k {self.root} -c listen_addresses={self.host} -c fsync=off",
             "start",
+            wrapper=self.wrapper,
         )  # fmt: skip
         return self
 
@@ -770,7 +820,8 @@ class PostgresServer(ServerProcess):
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", self.port)) != 0:
+                probe.settimeout(1)
+                if probe.connect_ex((self.host, self.port)) != 0:
                     break
             time.sleep(0.05)
         # What a crashed postmaster leaves behind, and a new one refuses to start beside.
@@ -838,9 +889,13 @@ class EtcdMember(ServerProcess):
         client_port: int | None = None,
         peer_port: int | None = None,
         extra: list[str] | None = None,
+        host: str = "127.0.0.1",
+        wrapper: list[str] | None = None,
     ) -> None:
         self.binary = require_binary("etcd")
         self.workdir = workdir
+        self.host = host  # with *wrapper*, a host of harness.netbed runs it on its address
+        self.wrapper = wrapper or []
         self.client_port = client_port or free_port()
         self.peer_port = peer_port or free_port()
         while self.peer_port == self.client_port:
@@ -857,15 +912,15 @@ class EtcdMember(ServerProcess):
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
+        return f"{self.host}:{self.client_port}"
 
     @property
     def client_url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"http://{self.host}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
-        return f"http://127.0.0.1:{self.peer_port}"
+        return f"http://{self.host}:{self.peer_port}"
 
     @property
     def running(self) -> bool:
@@ -874,6 +929,7 @@ class EtcdMember(ServerProcess):
 
     def args(self) -> list[str]:
         return [
+            *self.wrapper,
             self.binary,
             "--name", self.name,
             "--data-dir", str(self.data_dir),
@@ -1025,9 +1081,15 @@ class EtcdCluster:
         *,
         prefix: str = "celery-leader-test",
         extra: list[str] | None = None,
+        hosts: list[tuple[str, list[str]]] | None = None,
     ) -> None:
+        """*hosts*: (address, command prefix) of each member, harness.netbed hosts (one
+        per member); by default every member on loopback."""
         if size < 1:
             raise ValueError(f"size={size}: a cluster has at least one member")
+        if hosts is not None and len(hosts) != size:
+            raise ValueError(f"hosts: {len(hosts)} given for {size} members")
+        self.hosts = hosts
         self.workdir = workdir
         self.prefix = prefix
         self.size = size
@@ -1042,7 +1104,8 @@ class EtcdCluster:
         members: list[EtcdMember] = []
         ports: set[int] = set()
         while len(members) < self.size:
-            member = EtcdMember(self.workdir, extra=self.extra)
+            host, wrapper = self.hosts[len(members)] if self.hosts else ("127.0.0.1", [])
+            member = EtcdMember(self.workdir, extra=self.extra, host=host, wrapper=wrapper)
             if not {member.client_port, member.peer_port} & ports:
                 members.append(member)
                 ports |= {member.client_port, member.peer_port}

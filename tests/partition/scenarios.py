@@ -1,0 +1,615 @@
+"""Partition scenarios: a cluster on hosts of a harness.netbed bed, one network fault each.
+
+A scenario starts the lease store, the broker and three ``celery worker``
+processes of tests/integration/leaderapp.py, each on a host (a network
+namespace) of its own; the run history lives on the controller, outside the
+fault model. It streams leader-only ``chaos_work`` runs (0.2 s each, every
+0.1 s; each writes through the fence with its token), finds the leader,
+applies one :class:`Fault` against it (or a follower), heals, and judges the
+history with the chaos checker (tests/chaos/checker.py): no run in flight
+across a term change, no stale start, no stale write accepted, no message
+lost (a duplicate is at-least-once delivery, counted, allowed).
+
+Besides the checker's rules, each scenario measures and bounds:
+
+* **new leader** (faults that take the lease from the leader): from the
+  fault to the first run of a newer term; within ``ttl + NEW_LEADER_BOUND``;
+  and the old leader's ``leader_lost`` signal comes before the next
+  leader's ``leader_elected``;
+* **resumed**: from the heal to the first run started after it, within
+  ``ttl + RESUME_BOUND``: after any partition heals, there is a leader
+  running work again;
+* **terms**: a fault that must not move the lease (a follower cut off)
+  leaves one term. The leader cut from the broker alone does lose it: its
+  consumer's loop waits on the broker and stops turning, and a worker whose
+  loop does not turn is not live (it renews no more), so a worker that
+  reaches the broker leads instead.
+
+Stores and brokers plug in through :data:`STORES` and :data:`BROKERS` (a
+function that starts the server on its host of the bed); today each has
+Redis. ``python -m tests.partition`` runs every fault on every pair and
+prints a table.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+from typing import Any, Protocol
+
+from celery_leader.exceptions import StoreError
+from celery_leader.stores import open_store
+from harness.cluster import ROOT, Cluster, Worker
+from harness.netbed import NetBed
+from harness.servers import (
+    EtcdCluster,
+    EtcdMember,
+    PostgresServer,
+    RabbitMQServer,
+    RedisServer,
+)
+from tests.chaos.checker import Summary, check
+from tests.chaos.run import RunWatcher
+from tests.integration.streaming import streaming
+
+TTL = 2.0
+RENEW = TTL / 3  # the default renew interval
+#: Seconds past the ttl for a new term's first run after the leader lost its lease:
+#: the lease running out, the follower noticing, kombu consuming the leader queue
+#: (about a second), on a loaded machine.
+NEW_LEADER_BOUND = 5.0
+#: Seconds past the ttl, from a heal, for the leader (old or new) to run work again:
+#: TCP retransmission backs off (a connection silent for seconds retries only every
+#: second or more), then the client and kombu go on.
+RESUME_BOUND = 6.0
+#: How long a fault that leaves the lease where it is lasts: past two ttls.
+HOLD = 2 * TTL + 1.0
+#: Workers are hosts w1, w2, w3; their node names start with the host's name.
+WORKERS = 3
+
+
+@dataclass
+class Stage:
+    """What a fault acts on: the bed, the leader's and the followers' hosts, the store."""
+
+    net: NetBed
+    leader: str
+    followers: list[str]
+    #: The hosts the store runs on (one, or one per member), with their client ports.
+    store_hosts: dict[str, int]
+    broker_port: int
+    store_url: str
+    election: str
+    store: BedServer
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    description: str
+    apply: Callable[[Stage], None]
+    #: True: the leader must lose its lease during the fault, and another worker lead.
+    #: False: the lease must stay where it is (one term). None: either.
+    moves_lease: bool | None
+    #: Seconds the fault lasts when it does not wait for a newer term.
+    hold: float = HOLD
+    #: The store kinds the fault means something for (None: every kind).
+    stores: tuple[str, ...] | None = None
+
+
+def _cut_store(stage: Stage) -> None:
+    for host in stage.store_hosts:
+        stage.net.cut(stage.leader, host)
+
+
+def _cut_both(stage: Stage) -> None:
+    _cut_store(stage)
+    stage.net.cut(stage.leader, "broker")
+
+
+def _one_way_store(stage: Stage) -> None:
+    for host in stage.store_hosts:
+        stage.net.cut_one_way(stage.leader, host)
+
+
+def _slow_store(stage: Stage) -> None:
+    # A round trip late by more than the renew interval: no renewal lands in time.
+    for host, port in stage.store_hosts.items():
+        stage.net.slow(stage.leader, host, port, delay_ms=RENEW * 1000 * 1.5)
+
+
+def _etcd_leader_minority(stage: Stage) -> None:
+    """The etcd member the workers reach first (the first of the URL), made raft leader,
+    cut from the other two members; the workers still reach every member. It is a
+    minority of one: it cannot commit, and the other two elect a leader of their own."""
+    assert isinstance(stage.store, EtcdOnBed)
+    cluster = stage.store.cluster
+    first = cluster.members[0]
+    stage.store.lead(first)
+    host = stage.store.host_of(first)
+    for other in stage.store_hosts:
+        if other != host:
+            stage.net.cut(host, other)
+
+
+#: Run inside a follower's host: opens a session as the PostgreSQL store opens its own,
+#: takes the lease row's lock as an acquire does (SELECT ... FOR UPDATE inside its
+#: transaction), says "locked", and waits to be killed before it commits.
+_MID_ACQUIRE = """
+import sys, time
+from celery_leader.stores.postgres import _connect
+conn = _connect(sys.argv[1], float(sys.argv[3]), "celery-leader")
+conn.execute("BEGIN")
+conn.execute("SELECT 1 FROM celery_leader_lease WHERE name = %s FOR UPDATE", (sys.argv[2],))
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def _follower_mid_acquire(stage: Stage) -> None:
+    """A follower's store session cut off between its locking read and its commit.
+
+    The follower's host is cut from the store while a session of it holds the
+    lease row's lock inside a transaction; its process then dies, and its FIN
+    is lost in the partition: to the server the session is idle in its
+    transaction for as long as the partition lasts.
+    """
+    host = stage.followers[0]
+    store_timeout = RENEW / 2  # the store timeout a worker has by default
+    locker = subprocess.Popen(
+        [
+            *stage.net.wrapper(host),
+            sys.executable, "-c", _MID_ACQUIRE, stage.store_url, stage.election,
+            str(store_timeout),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert locker.stdout is not None
+        assert locker.stdout.readline().strip() == "locked", "the session took no lock"
+        for store_host in stage.store_hosts:
+            stage.net.cut(host, store_host)
+    finally:
+        locker.kill()
+        locker.wait()
+
+
+FAULTS = {
+    fault.name: fault
+    for fault in (
+        Fault(
+            "leader-store",
+            "the leader cut from the store, both ways",
+            _cut_store,
+            moves_lease=True,
+        ),
+        Fault(
+            # Its consumer's loop waits on the broker and stops turning: a worker whose
+            # loop does not turn is not live and renews no more, so another worker, one
+            # that reaches the broker, leads (the same as a stuck loop).
+            "leader-broker",
+            "the leader cut from the broker, both ways",
+            lambda s: s.net.cut(s.leader, "broker"),
+            moves_lease=True,
+        ),
+        Fault(
+            "leader-both",
+            "the leader cut from the store and the broker",
+            _cut_both,
+            moves_lease=True,
+        ),
+        Fault(
+            "follower-off",
+            "a follower cut off from every host",
+            lambda s: s.net.isolate(s.followers[0]),
+            moves_lease=False,
+        ),
+        Fault(
+            "leader-store-oneway",
+            "every packet from the leader to the store lost (the other way passes)",
+            _one_way_store,
+            moves_lease=True,
+        ),
+        Fault(
+            "leader-store-slow",
+            f"the leader's round trips to the store {RENEW * 1.5:g} s late (renew interval "
+            f"{RENEW:.2f} s)",
+            _slow_store,
+            moves_lease=True,
+        ),
+        Fault(
+            "follower-mid-acquire",
+            "a follower cut from the store mid-acquire, holding the lease row's lock",
+            _follower_mid_acquire,
+            moves_lease=None,
+            hold=TTL + NEW_LEADER_BOUND + 3.0,  # longer than the bound on a gap in the runs
+            stores=("postgres",),
+        ),
+        Fault(
+            "etcd-leader-minority",
+            "the etcd member the workers use, raft leader, cut from the other two members",
+            _etcd_leader_minority,
+            moves_lease=None,
+            hold=TTL + NEW_LEADER_BOUND + 3.0,
+            stores=("etcd",),
+        ),
+    )
+}
+
+
+@dataclass
+class Outcome:
+    """What one scenario showed; :meth:`failures` says what breaks a rule or a bound."""
+
+    fault: Fault
+    store: str
+    broker: str
+    summary: Summary
+    #: Seconds from the fault to the first run of a newer term (None: none came).
+    new_leader_s: float | None = None
+    #: Seconds from the heal to the first run started after it (None: none came).
+    resumed_s: float | None = None
+    #: Seconds from the old leader's leader_lost signal to the next leader_elected
+    #: (negative: elected before the old one knew it had lost).
+    handover_gap_s: float | None = None
+    #: The longest time without a run starting, from the fault to the heal.
+    longest_gap_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def failures(self) -> list[str]:
+        found = list(self.summary.violations())
+        if self.summary.lost:
+            found.append(f"{len(self.summary.lost)} messages lost: {self.summary.lost[:10]}")
+        if self.fault.moves_lease:
+            if self.new_leader_s is None or self.new_leader_s > TTL + NEW_LEADER_BOUND:
+                found.append(
+                    f"no newer term ran within ttl + {NEW_LEADER_BOUND:g} s of the fault "
+                    f"({self.new_leader_s})"
+                )
+            if self.handover_gap_s is None:
+                found.append("no leader_lost of the old term followed by a leader_elected")
+            elif self.handover_gap_s < 0:
+                found.append(
+                    "the next leader was elected before the old one signalled its loss "
+                    f"({self.handover_gap_s:.3f} s)"
+                )
+        elif self.fault.moves_lease is False and self.summary.terms != 1:
+            found.append(f"{self.summary.terms} terms: the lease moved, it should not have")
+        if self.longest_gap_s is None or self.longest_gap_s > TTL + NEW_LEADER_BOUND:
+            found.append(
+                f"no run for {self.longest_gap_s} s during the fault "
+                f"(bound: ttl + {NEW_LEADER_BOUND:g} s)"
+            )
+        if self.resumed_s is None or self.resumed_s > TTL + RESUME_BOUND:
+            found.append(f"no run within ttl + {RESUME_BOUND:g} s of the heal ({self.resumed_s})")
+        return found
+
+    def report(self) -> str:
+        """The checker's table, the times, the term changes and the failures, for a reader."""
+        return "\n".join(
+            [
+                f"{self.store}/{self.broker} {self.fault.name}: {self.fault.description}",
+                self.summary.table(),
+                f"  new leader {_seconds(self.new_leader_s)} s, longest gap "
+                f"{_seconds(self.longest_gap_s)} s, resumed {_seconds(self.resumed_s)} s, "
+                f"handover gap {_seconds(self.handover_gap_s)} s",
+                *(f"  {note}" for note in self.notes),
+                *(f"  FAIL: {failure}" for failure in self.failures()),
+            ]
+        )
+
+    def row(self) -> dict[str, Any]:
+        s = self.summary
+        return {
+            "fault": self.fault.name,
+            "store": self.store,
+            "broker": self.broker,
+            "terms": s.terms,
+            "stale starts": len(s.stale_starts),
+            "stale writes accepted": len(s.stale_writes_accepted),
+            "stale writes refused": s.writes_refused,
+            "in flight at a term change": len(s.in_flight_overlaps),
+            "lost": len(s.lost),
+            "duplicated": s.duplicates,
+            "new leader s": _seconds(self.new_leader_s),
+            "longest gap s": _seconds(self.longest_gap_s),
+            "resumed s": _seconds(self.resumed_s),
+            "verdict": "ok" if not self.failures() else "FAIL",
+        }
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def table(outcomes: list[Outcome]) -> str:
+    """The outcomes as a text table, one row each."""
+    rows = [o.row() for o in outcomes]
+    if not rows:
+        return "(no scenario ran)"
+    columns = list(rows[0])
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
+    lines = ["  ".join(f"{c:<{widths[c]}}" for c in columns)]
+    lines += ["  ".join(f"{r[c]!s:<{widths[c]}}" for c in columns) for r in rows]
+    return "\n".join(lines)
+
+
+# -- servers on hosts: one function per kind -------------------------------------------
+
+
+class BedServer(Protocol):
+    """A server on a host of the bed: what the scenarios need of it."""
+
+    port: int
+
+    @property
+    def url(self) -> str: ...
+
+    def stop(self) -> None: ...
+
+
+def redis_on(net: NetBed, host: str, tmp: Path) -> RedisServer:
+    """A redis-server on *host* of the bed."""
+    workdir = tmp / host
+    workdir.mkdir(parents=True, exist_ok=True)
+    return RedisServer(workdir, host=net.address(host), wrapper=net.wrapper(host)).start()
+
+
+def rabbitmq_on(net: NetBed, host: str, tmp: Path) -> RabbitMQServer:
+    """A private RabbitMQ node on *host* of the bed."""
+    return RabbitMQServer(tmp / host, host=net.address(host), wrapper=net.wrapper(host)).start()
+
+
+def postgres_on(net: NetBed, host: str, tmp: Path) -> PostgresServer:
+    """A private PostgreSQL cluster on *host* of the bed."""
+    return PostgresServer(host=net.address(host), wrapper=net.wrapper(host)).start()
+
+
+class EtcdOnBed:
+    """A three-member etcd cluster, one member on each store host of the bed."""
+
+    def __init__(self, net: NetBed, hosts: tuple[str, ...], tmp: Path) -> None:
+        self.net = net
+        self.cluster = EtcdCluster(
+            tmp / "etcd", size=len(hosts), hosts=[(net.address(h), net.wrapper(h)) for h in hosts]
+        )
+        self.cluster.start()
+        self.port = self.cluster.members[0].client_port
+
+    @property
+    def url(self) -> str:
+        return self.cluster.url
+
+    def host_of(self, member: EtcdMember) -> str:
+        (host,) = (h.name for h in self.net.hosts.values() if h.address == member.host)
+        return host
+
+    def lead(self, member: EtcdMember) -> None:
+        """Move the raft leadership to *member* (etcdctl move-leader) and wait for it."""
+        statuses = {m.name: own for m, own, _, _ in self.cluster._statuses()}
+        if self.cluster.wait_leader(10) is not member:
+            done = self.cluster.etcdctl("move-leader", f"{statuses[member.name]:x}")
+            if done.returncode != 0:
+                raise RuntimeError(f"etcdctl move-leader failed: {done.stderr.strip()}")
+        deadline = time.monotonic() + 10
+        while self.cluster.leader() is not member:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{member.name} did not become the etcd leader")
+            time.sleep(0.05)
+
+    def ports(self) -> dict[str, int]:
+        return {self.host_of(m): m.client_port for m in self.cluster.members}
+
+    def stop(self) -> None:
+        self.cluster.close()
+
+
+#: Store kind -> the bed's hosts it runs on (default: one, "store").
+STORE_HOSTS: dict[str, tuple[str, ...]] = {"etcd": ("store", "store2", "store3")}
+#: Store kind -> a function that starts one on its hosts of the bed. A store of another
+#: kind plugs in here (its server class taking a host address and a wrapper).
+STORES: dict[str, Callable[[NetBed, Path], BedServer]] = {
+    "redis": lambda net, tmp: redis_on(net, "store", tmp),
+    "postgres": lambda net, tmp: postgres_on(net, "store", tmp),
+    "etcd": lambda net, tmp: EtcdOnBed(net, STORE_HOSTS["etcd"], tmp),
+}
+#: Broker kind -> a function that starts one on the bed's "broker" host.
+BROKERS: dict[str, Callable[[NetBed, Path], BedServer]] = {
+    "redis": lambda net, tmp: redis_on(net, "broker", tmp),
+    "rabbitmq": lambda net, tmp: rabbitmq_on(net, "broker", tmp),
+}
+
+
+@dataclass
+class PartitionBed:
+    """A bed, its servers and the cluster on it."""
+
+    net: NetBed
+    cluster: Cluster
+    store: str
+    broker: str
+    store_server: BedServer
+    broker_server: BedServer
+
+    def host_of(self, worker: Worker) -> str:
+        return worker.nodename.split("@", 1)[0]
+
+    def stage(self, leader: Worker) -> Stage:
+        hosts = [self.host_of(w) for w in self.cluster.workers]
+        return Stage(
+            net=self.net,
+            leader=self.host_of(leader),
+            followers=[h for h in hosts if h != self.host_of(leader)],
+            store_hosts=(
+                self.store_server.ports()
+                if isinstance(self.store_server, EtcdOnBed)
+                else {"store": self.store_server.port}
+            ),
+            broker_port=self.broker_server.port,
+            store_url=self.store_server.url,
+            election=self.cluster.name,
+            store=self.store_server,
+        )
+
+
+@contextmanager
+def partition_bed(tmp: Path, store: str = "redis", broker: str = "redis") -> Iterator[PartitionBed]:
+    """A bed (hosts store, broker, w1..w3) with the servers and three workers running.
+
+    The run history is a Redis on the controller's address (never faulted).
+    Everything is stopped and the bed removed at the end of the block, whatever failed.
+    """
+    with ExitStack() as stack:
+        store_hosts = STORE_HOSTS.get(store, ("store",))
+        workers = [f"w{n}" for n in range(1, WORKERS + 1)]
+        net = NetBed([*store_hosts, "broker", *workers]).start()
+        stack.callback(net.close)  # last: kills whatever still runs in the namespaces
+        (tmp / "history").mkdir(parents=True, exist_ok=True)
+        history = RedisServer(tmp / "history", host=net.controller).start()
+        stack.callback(history.stop)
+        store_server = STORES[store](net, tmp)
+        stack.callback(store_server.stop)
+        broker_server = BROKERS[broker](net, tmp)
+        stack.callback(broker_server.stop)
+        cluster = Cluster(
+            tmp,
+            broker,
+            broker_server.url,  # used for a broker that is not Redis
+            data=broker_server if isinstance(broker_server, RedisServer) else history,
+            store=store_server if isinstance(store_server, RedisServer) else None,
+            store_url=store_server.url,
+            history=history,
+        )
+        cluster.env["LEADER_TTL"] = str(TTL)
+        stack.callback(cluster.close)
+        for n in range(1, WORKERS + 1):
+            cluster.start(1, wait=False, wrapper=net.wrapper(f"w{n}"))
+        for worker in cluster.workers:
+            worker.wait_ready(60)
+        yield PartitionBed(net, cluster, store, broker, store_server, broker_server)
+
+
+def _lease_token(cluster: Cluster) -> int:
+    store = open_store(cluster.env["LEADER_STORE"], timeout=2)
+    try:
+        record = store.read(cluster.name)
+    except StoreError:
+        record = None
+    finally:
+        store.close()
+    assert record is not None, "no lease to read"
+    return record.token
+
+
+def _wait_start(
+    cluster: Cluster, predicate: Callable[[dict[str, Any]], bool], timeout: float
+) -> dict[str, Any] | None:
+    """The first start row (oldest) matching *predicate*, waiting up to *timeout* s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [r for r in cluster.history() if r["kind"] == "start" and predicate(r)]
+        if found:
+            return min(found, key=lambda r: float(r["at"]))
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.1)
+
+
+def run_scenario(bed: PartitionBed, fault: Fault) -> Outcome:
+    """Stream runs, apply *fault*, heal; the checker's summary and the measured times."""
+    cluster = bed.cluster
+    leader = cluster.leader_worker(timeout=60)
+    token = _lease_token(cluster)
+    stage = bed.stage(leader)
+    # Watches every run until the end (a run killed after the stream stopped has a gone
+    # row too): the stream's own watcher would stop with the stream.
+    watcher = RunWatcher(cluster.env["LEADER_HISTORY"])
+    watcher.start()
+    try:
+        sent, longest_gap_s, new_leader_s, resumed_s, faulted, healed = _stream_through(
+            bed, fault, stage, token
+        )
+        # Every message sent must run: one a cut-off leader had taken comes back after the
+        # Redis broker's visibility timeout (4 s).
+        cluster.wait_history(
+            lambda rows: {r["i"] for r in rows if r["kind"] == "start"} >= set(range(sent)), 30
+        )
+        time.sleep(0.5)  # the last runs' end rows
+        watcher.settle(10)
+    finally:
+        watcher.stop()
+        watcher.close()
+    rows = cluster.history()
+    outcome = Outcome(fault, bed.store, bed.broker, check(rows, sent), new_leader_s, resumed_s)
+    outcome.longest_gap_s = longest_gap_s
+    outcome.notes = _term_changes(rows, faulted, healed)
+    if fault.moves_lease:
+        outcome.handover_gap_s = _handover_gap(rows, token)
+    return outcome
+
+
+def _term_changes(rows: list[dict[str, Any]], faulted: float, healed: float) -> list[str]:
+    """When each term's first run started, from the fault (and whether before the heal)."""
+    first: dict[int, float] = {}
+    for row in rows:
+        if row["kind"] == "start":
+            first[int(row["token"])] = min(first.get(int(row["token"]), row["at"]), row["at"])
+    return [
+        f"term {token}: first run {at - faulted:+.2f} s from the fault "
+        f"({'before' if at < healed else 'after'} the heal)"
+        for token, at in sorted(first.items())
+    ]
+
+
+def _stream_through(
+    bed: PartitionBed, fault: Fault, stage: Stage, token: int
+) -> tuple[int, float, float | None, float | None, float, float]:
+    """Stream runs through the fault and the heal: (messages sent, the longest gap in the
+    runs during the fault, new leader s, resumed s, fault time, heal time)."""
+    cluster = bed.cluster
+    new_leader_s = resumed_s = None
+    with streaming(cluster, every=0.1, task="chaos_work", args=(0.2,), watch=False) as sent:
+        time.sleep(1.5)  # runs of the first term
+        faulted = time.monotonic()
+        fault.apply(stage)
+        if fault.moves_lease:
+            newer = _wait_start(
+                cluster, lambda r: int(r["token"]) > token, TTL + NEW_LEADER_BOUND + 2
+            )
+            if newer is not None:
+                new_leader_s = float(newer["at"]) - faulted
+                time.sleep(1.0)  # the new term runs while the old leader is still cut off
+        else:
+            time.sleep(fault.hold)
+        bed.net.heal()
+        healed = time.monotonic()
+        longest_gap_s = _longest_gap(cluster.history(), faulted, healed)
+        after = _wait_start(cluster, lambda r: float(r["at"]) > healed, TTL + RESUME_BOUND + 2)
+        if after is not None:
+            resumed_s = float(after["at"]) - healed
+        time.sleep(1.0)
+    return sent[0], longest_gap_s, new_leader_s, resumed_s, faulted, healed
+
+
+def _longest_gap(rows: list[dict[str, Any]], begin: float, end: float) -> float:
+    """The longest time in [begin, end] in which no run started."""
+    starts = sorted(float(r["at"]) for r in rows if r["kind"] == "start" and begin < r["at"] < end)
+    edges = [begin, *starts, end]
+    return max(b - a for a, b in pairwise(edges))
+
+
+def _handover_gap(rows: list[dict[str, Any]], token: int) -> float | None:
+    """From the old leader's leader_lost (of *token*) to the first leader_elected after it."""
+    lost = [r["at"] for r in rows if r["kind"] == "signal-lost" and r["token"] == token]
+    elected = [r["at"] for r in rows if r["kind"] == "signal-elected" and r["token"] > token]
+    if not lost or not elected:
+        return None
+    return float(min(elected)) - float(min(lost))

@@ -1,0 +1,54 @@
+"""Real network partitions (harness.netbed) against a Redis store and a Redis broker.
+
+Each test cuts or slows links around the leader (or a follower) while
+leader-only runs stream through, heals, and requires what the chaos checker
+requires (no two terms acting at once, no stale start, no stale write
+accepted, nothing lost) plus the bounds of tests/partition/scenarios.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.partition.scenarios import FAULTS, PartitionBed, run_scenario
+
+pytestmark = [pytest.mark.partition, pytest.mark.slow]
+
+
+def _judge(bed: PartitionBed, fault: str) -> None:
+    outcome = run_scenario(bed, FAULTS[fault])
+    assert not outcome.failures(), outcome.report()
+
+
+def test_leader_cut_from_the_store_stops_before_another_leads(redis_bed: PartitionBed) -> None:
+    """The leader cut from the store stops its runs; another worker leads; no two terms at once."""
+    _judge(redis_bed, "leader-store")
+
+
+def test_leader_cut_from_the_broker_hands_over_to_a_worker_that_reaches_it(
+    redis_bed: PartitionBed,
+) -> None:
+    """The leader cut from the broker alone: its loop stalls, it steps down, another leads."""
+    _judge(redis_bed, "leader-broker")
+
+
+def test_leader_cut_from_store_and_broker_hands_over_without_loss(
+    redis_bed: PartitionBed,
+) -> None:
+    """The leader cut from store and broker: another leads, no message is lost."""
+    _judge(redis_bed, "leader-both")
+
+
+def test_follower_cut_off_changes_nothing_for_the_leader(redis_bed: PartitionBed) -> None:
+    """A follower cut off from every host: one term throughout, nothing lost."""
+    _judge(redis_bed, "follower-off")
+
+
+def test_one_way_loss_from_leader_to_store_ends_its_term(redis_bed: PartitionBed) -> None:
+    """Every packet from the leader to the store lost: its term ends before another begins."""
+    _judge(redis_bed, "leader-store-oneway")
+
+
+def test_store_slower_than_the_renew_interval_ends_the_term(redis_bed: PartitionBed) -> None:
+    """Round trips to the store later than the renew interval: the leader steps down in time."""
+    _judge(redis_bed, "leader-store-slow")
