@@ -44,6 +44,7 @@ from celery_leader.term_end import KILLABLE_POOLS
 from celery_leader.worker import control as _control  # noqa: F401 - registers the commands
 from celery_leader.worker import missing_step as _missing_step  # noqa: F401 - connects the warning
 from celery_leader.worker.coordinator import Coordinator, current_coordinator
+from celery_leader.worker.pool_flush import keep_accepted_jobs
 from celery_leader.worker.redelivery import warn_about_visibility
 from celery_leader.worker.unkillable_runs import warn_about_unkillable_runs
 
@@ -170,6 +171,8 @@ class LeaderConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
             self._ticker = c.timer.call_repeatedly(interval, tick_through_the_loop)
         else:
             self._ticker = c.timer.call_repeatedly(interval, coordinator.tick)
+        # Before any reconnect flushes it: the runs going on stay known (worker.pool_flush).
+        keep_accepted_jobs(getattr(c, "pool", None))
         coordinator.attach(c)
 
     def stop(self, c: Any) -> None:

@@ -170,15 +170,17 @@ class Coordinator:
         """True once no run of the default election's term *token* runs here."""
         return self.default.term_end.runs_ended(token, timeout)
 
-    def sync_consumption(self) -> None:
+    def sync_consumption(self, *, may_add: bool = True) -> None:
         """Consume each election's leader queue exactly when leading it. Loop thread only.
+
+        With *may_add* False it only stops consuming, never starts (see :meth:`attach`).
 
         The leader queue of an election this worker takes no part in (one
         declared in ``task_queues``, say) is never consumed: its messages
         would only be handed back, again and again.
         """
         for election in list(self.elections.values()):
-            election.sync_consumption()
+            election.sync_consumption(may_add=may_add)
         consumer = self.consumer
         if consumer is None or getattr(consumer, "task_consumer", None) is None:
             return
@@ -234,10 +236,13 @@ class Coordinator:
                 self.balancer.start()
             for election in list(self.elections.values()):
                 election.manager.start()
-        # On the loop, never here: Celery sets the task consumer's callback only when its
-        # event loop starts. A queue consumed before that (a reconnect while leading) gets
-        # its backlog delivered while the next steps open their channels, to a consumer
-        # without a callback, and the worker dies ("Consumer does not have any callbacks").
+        # What must not be consumed is dropped here, before Celery's loop consumes its
+        # queues (nothing is consumed yet: no round trip). What must be is added on the
+        # loop, never here: Celery sets the task consumer's callback only when its loop
+        # starts, and a queue consumed before that (a reconnect while leading) gets its
+        # backlog delivered while the next steps open their channels, to a consumer
+        # without a callback: the worker dies ("Consumer does not have any callbacks").
+        self.sync_consumption(may_add=False)
         self.post(self.sync_consumption)
 
     def detach(self) -> None:

@@ -95,7 +95,15 @@ def message_key(request: Any) -> MessageKey:
     key: MessageKey | None = getattr(request, "leader_message_key", None)
     if key is None:
         identity = message_identity(request)
-        key = (request.id, identity if identity is not None else _Unnamed())
+        if identity is None:
+            key = (request.id, _Unnamed())
+        else:
+            # The retry count and ETA too: the same on every delivery of one message, and
+            # a retry always counts one more, so that no retry is taken for the message it
+            # retries even when a publish hook copied that message's id into it.
+            headers = getattr(request, "_request_dict", None)
+            headers = headers if isinstance(headers, dict) else {}
+            key = (request.id, (identity, headers.get("retries"), headers.get("eta")))
         request.leader_message_key = key
     return key
 
@@ -216,9 +224,9 @@ def describe_parking(request: Any, verdict: str) -> str:
             "here; it waits for that run and then goes through the gate"
         )
     return (
-        f"celery-leader: {request.humaninfo()} was delivered again while it runs here (the "
-        "broker's visibility timeout passed); the copy waits for that run and runs only if "
-        "the run fails"
+        f"celery-leader: {request.humaninfo()} was delivered again while it runs here (a "
+        "visibility timeout passed, or the broker connection was restored); the copy waits "
+        "for that run and runs only if the run fails"
     )
 
 

@@ -214,14 +214,18 @@ class WorkerElection:
         token = self.manager.current_token()
         return token is not None and self.occurrence_sync.ready(token)
 
-    def sync_consumption(self) -> None:
-        """Consume the leader queue exactly when leading. Loop thread only."""
+    def sync_consumption(self, *, may_add: bool = True) -> None:
+        """Consume the leader queue exactly when leading. Loop thread only.
+
+        With *may_add* False it only stops: what the consumer step may do
+        before Celery's loop runs (see Coordinator.attach).
+        """
         consumer = self.coordinator.consumer
         if consumer is None or getattr(consumer, "task_consumer", None) is None:
             return
         if not self.should_consume():
             stop_consuming(consumer, self.queue)
-        elif not consumer.task_consumer.consuming_from(self.queue):
+        elif may_add and not consumer.task_consumer.consuming_from(self.queue):
             consumer.add_task_queue(self.queue)
             wake_redis_consumer(consumer)
 

@@ -141,3 +141,28 @@ def test_every_publish_is_stamped_anew(cluster_for):
     stamps = [headers.get(HEADER) for headers in seen]
     assert all(isinstance(s, str) and len(s) == 32 for s in stamps), stamps
     assert stamps[0] != stamps[1]
+
+
+@pytest.mark.compat
+def test_a_run_going_on_through_a_broker_reconnect_settles_and_its_copy_never_runs(
+    cluster_for, broker
+):
+    """A 6 s run that then retries once; the broker connection is cut 2 s into it.
+
+    The broker delivers the run's message again on the new connection: it must
+    wait for the run and go when the run retried (two runs in all). Celery
+    before 5.6 forgot, at the reconnect, the jobs its prefork pool was running
+    (their runs never settled here), and the copy ran as a third run.
+    """
+    cluster = cluster_for(broker)
+    (worker,) = cluster.start(1, extra=["-c", "2"])
+    cluster.leader_worker()
+    cluster.send("long_retry", 6, queue=f"{cluster.name}.leader")
+    cluster.wait_history(lambda rows: any(r["kind"] == "start" for r in rows), 30)
+    time.sleep(2)
+    cut_broker_connections(cluster, broker)
+    rows = cluster.wait_history(lambda rows: any(r["kind"] == "end" for r in rows), 60)
+    time.sleep(3)  # a copy let through would have started by now
+    starts = [r["retries"] for r in cluster.history() if r["kind"] == "start"]
+    assert starts == [0, 1], f"runs {starts}:\n{worker.text()[-4000:]}"
+    assert any(r["kind"] == "end" for r in rows)

@@ -207,3 +207,19 @@ def test_copies_that_waited_are_forgotten_when_their_connection_is_gone():
     assert runs.parked() == 0
     assert runs.settle(original, COMPLETED) == [], "nothing is released twice"
     assert runs.admit(Message("f")) == DROP, "the run stays recorded"
+
+
+def test_a_retry_is_never_taken_for_the_message_it_retries_even_under_its_id():
+    """A publish hook that copies the running message's id into its retry: the retry count
+    still tells them apart."""
+    runs = Redeliveries()
+    first = Message("h", tag="copied")
+    first._request_dict["retries"] = 0
+    assert runs.admit(first) == RUN
+    assert runs.settle(first, SUPERSEDED) == []
+    retry = Message("h", tag="copied")
+    retry._request_dict["retries"] = 1
+    assert runs.admit(retry) == RUN, "the retry runs"
+    again = Message("h", tag="copied")
+    again._request_dict["retries"] = 0
+    assert runs.admit(again) == DROP, "a copy of the first message, whose run retried"
