@@ -54,7 +54,7 @@ from harness.servers import (
     RabbitMQServer,
     RedisServer,
 )
-from tests.chaos.checker import Summary, check
+from tests.chaos.checker import Summary, check, run_ends
 from tests.chaos.run import RunWatcher
 from tests.integration.streaming import streaming
 
@@ -542,8 +542,10 @@ def run_scenario(bed: PartitionBed, fault: Fault) -> Outcome:
         cluster.wait_history(
             lambda rows: {r["i"] for r in rows if r["kind"] == "start"} >= set(range(sent)), 30
         )
-        time.sleep(0.5)  # the last runs' end rows
         watcher.settle(10)
+        # Read the history once every run has its end (or gone) row, not at a guess: on a
+        # loaded machine the last runs' rows may come late.
+        cluster.wait_history(_all_ended, 15)
     finally:
         watcher.stop()
         watcher.close()
@@ -554,6 +556,12 @@ def run_scenario(bed: PartitionBed, fault: Fault) -> Outcome:
     if fault.moves_lease:
         outcome.handover_gap_s = _handover_gap(rows, token)
     return outcome
+
+
+def _all_ended(rows: list[dict[str, Any]]) -> bool:
+    """True when every start row has its end row, or the watcher's gone row."""
+    starts = [row for row in rows if row["kind"] == "start"]
+    return all(end is not None for end in run_ends(starts, rows))
 
 
 def _term_changes(rows: list[dict[str, Any]], faulted: float, healed: float) -> list[str]:
