@@ -54,26 +54,55 @@ def bed() -> Iterator[NetBed]:
         yield net
 
 
-def _arrives(net: NetBed, source: str | None, target: str, timeout: float = 0.5) -> bool:
-    """True when a datagram sent from *source* (None: the controller) reaches *target*."""
+def _receiver(net: NetBed, target: str, port: int, timeout: float) -> subprocess.Popen[str]:
+    """A process on *target* that exits 0 once a datagram reached *port*, 1 after *timeout*."""
     receiver = subprocess.Popen(
         [
             *net.wrapper(target),
-            sys.executable, "-c", RECEIVE, net.address(target), str(PORT), str(timeout),
+            sys.executable, "-c", RECEIVE, net.address(target), str(port), str(timeout),
         ],
         stdout=subprocess.PIPE,
         text=True,
     )  # fmt: skip
     assert receiver.stdout is not None and receiver.stdout.readline().strip() == "ready"
+    return receiver
+
+
+def _send(net: NetBed, source: str | None, target: str, port: int) -> None:
     wrapper = net.wrapper(source) if source is not None else []
-    send = [sys.executable, "-c", SEND, net.address(target), str(PORT)]
+    send = [sys.executable, "-c", SEND, net.address(target), str(port)]
     subprocess.run([*wrapper, *send], check=True)
+
+
+#: How long a receiver waits for its datagram: generous, since a sender is a new process
+#: that a loaded machine may take a while to start (all pairs wait at once, see _blocked).
+RECEIVE_TIMEOUT = 5.0
+
+
+def _arrives(
+    net: NetBed, source: str | None, target: str, timeout: float = RECEIVE_TIMEOUT
+) -> bool:
+    """True when a datagram sent from *source* (None: the controller) reaches *target*."""
+    receiver = _receiver(net, target, PORT, timeout)
+    _send(net, source, target, PORT)
     return receiver.wait(timeout + 10) == 0
 
 
 def _blocked(net: NetBed) -> list[tuple[str, str]]:
-    """The (source, target) pairs of hosts between which a datagram does not arrive."""
-    return [(s, t) for s in HOSTS for t in HOSTS if s != t and not _arrives(net, s, t)]
+    """The (source, target) pairs of hosts between which a datagram does not arrive.
+
+    Every pair at once, each on a port of its own, so that the wait for the
+    blocked ones is paid once.
+    """
+    pairs = [(s, t) for s in HOSTS for t in HOSTS if s != t]
+    receivers = [
+        _receiver(net, target, PORT + index, RECEIVE_TIMEOUT)
+        for index, (_, target) in enumerate(pairs)
+    ]
+    for index, (source, target) in enumerate(pairs):
+        _send(net, source, target, PORT + index)
+    arrived = [receiver.wait(RECEIVE_TIMEOUT + 10) == 0 for receiver in receivers]
+    return [pair for pair, came in zip(pairs, arrived, strict=True) if not came]
 
 
 def test_cut_isolate_and_heal_act_on_the_named_paths_only(bed: NetBed) -> None:
