@@ -120,6 +120,8 @@ class Stage:
     store_url: str
     election: str
     store: BedServer
+    #: When the store's server answered again after a fault that restarted it.
+    store_back_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,12 @@ class Fault:
     #: only fencing is judged, and the split must show); "leaderless": no one leads while
     #: the fault lasts (the store refuses every write), a leader after the heal.
     expect: dict[str, str] = field(default_factory=dict)
+    #: Seconds (given the ttl) the longest gap in the runs may exceed the usual bound by:
+    #: the time the fault keeps the store away.
+    gap_allowance: Callable[[float], float] = lambda ttl: 0.0
+    #: The store restarts: the first acquire after it holds its holder off one ttl, so the
+    #: first run of a newer term starts at least a ttl after the store answered again.
+    holds_off: bool = False
 
 
 def _cut_store(stage: Stage) -> None:
@@ -234,9 +242,26 @@ def _restart_store(stage: Stage) -> None:
     server.start()
 
 
+def _store_down_past_ttl(stage: Stage) -> None:
+    """The store's server killed, left down past the ttl, and started again.
+
+    The leader cannot renew and loses its lease; whoever acquires next finds another
+    server start time and holds off one ttl (README, PostgreSQL notes).
+    """
+    server = stage.store
+    assert isinstance(server, PostgresServer)
+    server.kill()
+    time.sleep(stage.ttl + 1.0)
+    server.start()
+    stage.store_back_at = time.monotonic()
+
+
 def _freeze_follower(stage: Stage) -> None:
-    """A follower's whole process group stopped (SIGSTOP), wherever it was: in a store
-    call most of the time (a follower waits on the store between its looks)."""
+    """A follower's whole process group stopped (SIGSTOP) wherever it was: inside a store
+    call, its watch's (a Redis follower's watch thread waits in a pub/sub read, a
+    PostgreSQL one's in LISTEN's, an etcd one's in a watch stream; others poll), and
+    wherever its lease manager was. It is continued after the hold, past the ttl; the
+    scenario goes on a ttl more, in which it must not act (one term throughout)."""
     stage.workers[stage.followers[0]].signal(signal.SIGSTOP)
 
 
@@ -325,6 +350,16 @@ FAULTS = {
             stores=("postgres",),
         ),
         Fault(
+            "store-down-restart",
+            "the store's server killed, down past the ttl, then started again",
+            _store_down_past_ttl,
+            moves_lease=None,
+            hold=hold_past_gap_bound,
+            stores=("postgres",),
+            gap_allowance=lambda ttl: ttl + 1.0,
+            holds_off=True,
+        ),
+        Fault(
             "follower-frozen",
             "a follower's whole process group stopped (SIGSTOP) past the ttl, then continued",
             _freeze_follower,
@@ -365,6 +400,9 @@ class Outcome:
     ttl: float = TTL
     #: Seconds from the fault to the heal.
     held_s: float | None = None
+    #: Seconds from the store answering again after a restart to the first run of a
+    #: newer term (faults that restart the store).
+    after_restart_s: float | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -421,10 +459,15 @@ class Outcome:
                 )
         elif self.fault.moves_lease is False and self.summary.terms != 1:
             found.append(f"{self.summary.terms} terms: the lease moved, it should not have")
-        if self.longest_gap_s is None or self.longest_gap_s > ttl + NEW_LEADER_BOUND:
+        if self.fault.holds_off and (self.after_restart_s is None or self.after_restart_s < ttl):
             found.append(
-                f"no run for {self.longest_gap_s} s during the fault "
-                f"(bound: ttl + {NEW_LEADER_BOUND:g} s)"
+                f"a newer term ran {self.after_restart_s} s after the store came back: "
+                f"no hold-off of one ttl ({ttl:g} s)"
+            )
+        gap_bound = ttl + NEW_LEADER_BOUND + self.fault.gap_allowance(ttl)
+        if self.longest_gap_s is None or self.longest_gap_s > gap_bound:
+            found.append(
+                f"no run for {self.longest_gap_s} s during the fault (bound: {gap_bound:g} s)"
             )
         if self.resumed_s is None or self.resumed_s > ttl + RESUME_BOUND:
             found.append(f"no run within ttl + {RESUME_BOUND:g} s of the heal ({self.resumed_s})")
@@ -468,7 +511,12 @@ class Outcome:
                 self.summary.table(),
                 f"  new leader {_seconds(self.new_leader_s)} s, longest gap "
                 f"{_seconds(self.longest_gap_s)} s, resumed {_seconds(self.resumed_s)} s, "
-                f"handover gap {_seconds(self.handover_gap_s)} s, held {_seconds(self.held_s)} s",
+                f"handover gap {_seconds(self.handover_gap_s)} s, held {_seconds(self.held_s)} s"
+                + (
+                    f", newer term {_seconds(self.after_restart_s)} s after the store came back"
+                    if self.fault.holds_off
+                    else ""
+                ),
                 *(f"  {note}" for note in self.notes),
                 *(f"  FAIL: {failure}" for failure in self.failures()),
             ]
@@ -855,6 +903,9 @@ def run_scenario(bed: PartitionBed, fault: Fault) -> Outcome:
     )
     if fault.moves_lease:
         outcome.handover_gap_s = _handover_gap(rows, token)
+    if stage.store_back_at is not None:
+        back = [at for at in newer if at > stage.store_back_at]
+        outcome.after_restart_s = min(back) - stage.store_back_at if back else None
     return outcome
 
 
@@ -905,7 +956,8 @@ def _stream_through(
         after = _wait_start(cluster, lambda r: float(r["at"]) > healed, after_heal + 2)
         if after is not None:
             resumed_s = float(after["at"]) - healed
-        time.sleep(1.0)
+        # A process continued (undo) gets a ttl to act wrongly in; the others a second.
+        time.sleep(max(ttl, 1.0) if fault.undo is not None else 1.0)
     return sent[0], longest_gap_s, resumed_s, faulted, healed
 
 

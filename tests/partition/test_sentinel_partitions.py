@@ -60,6 +60,7 @@ def test_leader_cut_off_with_the_primary_splits_and_only_the_fence_holds(
     assert not outcome.failures(), outcome.report()
 
 
+@pytest.mark.matrix  # about a minute: the sentinels take 8 s to take the old primary back
 def test_min_replicas_to_write_keeps_one_term_at_a_time(
     fenced_sentinel_bed: PartitionBed,
 ) -> None:
