@@ -72,6 +72,8 @@ def main() -> None:
                     outcome = _run(store, broker, fault)
                     outcomes.append(outcome)
                     print(f"{store}/{broker} {fault}: {outcome.verdict()}", flush=True)
+                    if args.markdown:  # as it comes: a long run cut short keeps its rows
+                        print(markdown([outcome]).splitlines()[-1], flush=True)
                     if args.verbose:
                         print(outcome.report(), flush=True)
     print(table(outcomes))

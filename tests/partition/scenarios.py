@@ -910,15 +910,15 @@ def run_scenario(bed: PartitionBed, fault: Fault) -> Outcome:
 
 
 def _term_changes(rows: list[dict[str, Any]], faulted: float, healed: float) -> list[str]:
-    """When each term's first run started, from the fault (and whether before the heal)."""
-    first: dict[int, float] = {}
+    """When each term's first and last runs started, from the fault and the heal."""
+    starts: dict[int, list[float]] = {}
     for row in rows:
         if row["kind"] == "start":
-            first[int(row["token"])] = min(first.get(int(row["token"]), row["at"]), row["at"])
+            starts.setdefault(int(row["token"]), []).append(float(row["at"]))
     return [
-        f"term {token}: first run {at - faulted:+.2f} s from the fault "
-        f"({'before' if at < healed else 'after'} the heal)"
-        for token, at in sorted(first.items())
+        f"term {token}: first run {min(at) - faulted:+.2f} s from the fault, last run "
+        f"{max(at) - healed:+.2f} s from the heal"
+        for token, at in sorted(starts.items())
     ]
 
 
