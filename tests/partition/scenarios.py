@@ -591,7 +591,7 @@ def markdown(outcomes: list[Outcome]) -> str:
     columns = list(rows[0])[:README_COLUMNS]
     numeric = columns[3:]
     lines = [
-        "| " + " | ".join(c.replace(" s", " (s)") for c in columns) + " |",
+        "| " + " | ".join(f"{c[:-2]} (s)" if c.endswith(" s") else c for c in columns) + " |",
         "|" + "|".join("---:" if c in numeric else "---" for c in columns) + "|",
     ]
     lines += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows]
