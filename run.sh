@@ -206,9 +206,10 @@ case "$cmd" in
     prepare=$!
     # The suite in parallel processes, more than the cores: most tests wait on real
     # workers, servers and beats. The tests marked serial bound a time tightly: they run
-    # next, one at a time, with nothing else of the suite beside them.
+    # next, one at a time, with nothing else of the suite beside them. Those marked
+    # matrix (partition scenarios of a minute each) are left to ./run.sh partition.
     .venv/bin/python -m pytest -n "${PYTEST_WORKERS:-4}" --dist loadgroup \
-      --no-loadscope-reorder -m "not serial" || status=$?
+      --no-loadscope-reorder -m "not serial and not matrix" || status=$?
     .venv/bin/python -m pytest -m serial || status=$?
     # The compat subset on the oldest allowed releases and the other Pythons.
     wait "$prepare" || { cat .venv-compat/prepare.log; status=1; }

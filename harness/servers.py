@@ -221,17 +221,36 @@ class RedisServer(ServerProcess):
 
 
 class SentinelProcess(ServerProcess):
-    """One ``redis-server --sentinel`` with its own config file (sentinels rewrite it)."""
+    """One ``redis-server --sentinel`` with its own config file (sentinels rewrite it).
 
-    def __init__(self, workdir: Path, primary_port: int, master_name: str, quorum: int) -> None:
+    On loopback by default; with *host* and *wrapper* (harness.netbed's
+    ``NetBed.address`` and ``NetBed.wrapper``) on that address inside a
+    host's network namespace, monitoring the primary at *primary_host*.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        primary_port: int,
+        master_name: str,
+        quorum: int,
+        *,
+        host: str = "127.0.0.1",
+        wrapper: list[str] | None = None,
+        primary_host: str = "127.0.0.1",
+    ) -> None:
         self.port = free_port()
+        self.host = host
+        self.wrapper = wrapper or []
         self.workdir = workdir / f"sentinel-{self.port}"
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config = self.workdir / "sentinel.conf"
         # A primary is down after 1 s without answer; a failover may take 3 s.
         self.config.write_text(
-            f"port {self.port}\nbind 127.0.0.1\ndaemonize no\ndir {self.workdir}\n"
-            f"sentinel monitor {master_name} 127.0.0.1 {primary_port} {quorum}\n"
+            f"port {self.port}\nbind {host}\ndaemonize no\ndir {self.workdir}\n"
+            # Bound to a test bed's private address alone: the bed's other hosts connect.
+            + ("protected-mode no\n" if host != "127.0.0.1" else "")
+            + f"sentinel monitor {master_name} {primary_host} {primary_port} {quorum}\n"
             f"sentinel down-after-milliseconds {master_name} 1000\n"
             f"sentinel failover-timeout {master_name} 3000\n"
             f"sentinel parallel-syncs {master_name} 1\n"
@@ -241,13 +260,21 @@ class SentinelProcess(ServerProcess):
     def start(self) -> SentinelProcess:
         log = open(self.workdir / "sentinel.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [self.binary, str(self.config), "--sentinel", "--loglevel", "notice"],
+            [*self.wrapper, self.binary, str(self.config), "--sentinel", "--loglevel", "notice"],
             stdout=log,
             stderr=log,
         )
         log.close()
-        wait_for_port(self.proc, self.port, "redis sentinel", 10)
+        wait_for_port(self.proc, self.port, "redis sentinel", 10, self.host)
         return self
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host=self.host, port=self.port, socket_timeout=1)
+
+
+#: A Sentinel set's place on a harness.netbed bed: (address, command prefix) of the
+#: primary, the replica and each of the three sentinels.
+SentinelHosts = dict[str, tuple[str, list[str]]]
 
 
 class SentinelRedis:
@@ -259,15 +286,31 @@ class SentinelRedis:
     """
 
     def __init__(
-        self, workdir: Path, master_name: str = "leadertest", *, proxied_replica: bool = False
+        self,
+        workdir: Path,
+        master_name: str = "leadertest",
+        *,
+        proxied_replica: bool = False,
+        hosts: SentinelHosts | None = None,
+        extra: list[str] | None = None,
     ) -> None:
+        """*hosts*: where each runs on a harness.netbed bed, keyed "primary", "replica",
+        "sentinel1".."sentinel3" (default: all on loopback). *extra*: redis-server
+        arguments of both the primary and the replica (``--min-replicas-to-write 1``).
+        """
         self.workdir = workdir
         self.master_name = master_name
         (workdir / "primary").mkdir(parents=True, exist_ok=True)
         (workdir / "replica").mkdir(parents=True, exist_ok=True)
+        self.hosts: SentinelHosts = hosts or {}
+        loopback: tuple[str, list[str]] = ("127.0.0.1", [])
+        primary_host, primary_wrapper = self.hosts.get("primary", loopback)
+        replica_host, replica_wrapper = self.hosts.get("replica", loopback)
         # No 5 s wait before a full sync (Redis 7's default for diskless replication).
-        fast_sync = ["--repl-diskless-sync-delay", "0"]
-        self.primary = RedisServer(workdir / "primary", extra=fast_sync)
+        fast_sync = ["--repl-diskless-sync-delay", "0", *(extra or [])]
+        self.primary = RedisServer(
+            workdir / "primary", extra=fast_sync, host=primary_host, wrapper=primary_wrapper
+        )
         #: With *proxied_replica*, the replica replicates through this proxy: blackhole it
         #: and the primary's later writes never reach the replica (a lagging replica).
         self.proxy: FaultProxy | None = None
@@ -278,7 +321,10 @@ class SentinelRedis:
             self.proxy = FaultProxy(self.primary.port)
             source = self.proxy.port
         self.replica = RedisServer(
-            workdir / "replica", extra=[*fast_sync, "--replicaof", "127.0.0.1", str(source)]
+            workdir / "replica",
+            extra=[*fast_sync, "--replicaof", primary_host, str(source)],
+            host=replica_host,
+            wrapper=replica_wrapper,
         )
         self.sentinels: list[SentinelProcess] = []
 
@@ -287,10 +333,14 @@ class SentinelRedis:
             self.primary.start()
             self.replica.start()
             self.wait_replicated()
-            self.sentinels = [
-                SentinelProcess(self.workdir, self.primary.port, self.master_name, 2).start()
-                for _ in range(3)
-            ]
+            self.sentinels = []
+            for n in range(1, 4):
+                host, wrapper = self.hosts.get(f"sentinel{n}", ("127.0.0.1", []))
+                sentinel = SentinelProcess(
+                    self.workdir, self.primary.port, self.master_name, 2,
+                    host=host, wrapper=wrapper, primary_host=self.primary.host,
+                )  # fmt: skip
+                self.sentinels.append(sentinel.start())
             self.wait_acquainted()
         except BaseException:
             self.stop()
@@ -303,7 +353,7 @@ class SentinelRedis:
 
     @property
     def url(self) -> str:
-        parts = ";".join(f"sentinel://127.0.0.1:{s.port}" for s in self.sentinels)
+        parts = ";".join(f"sentinel://{s.host}:{s.port}" for s in self.sentinels)
         return f"{parts}/0?master_name={self.master_name}"
 
     def primary_port(self) -> int | None:
@@ -312,8 +362,7 @@ class SentinelRedis:
             if sentinel.proc is None or sentinel.proc.poll() is not None:
                 continue
             try:
-                client = redis.Redis(host="127.0.0.1", port=sentinel.port, socket_timeout=1)
-                with client:
+                with sentinel.client() as client:
                     found = client.sentinel_get_master_addr_by_name(self.master_name)
             except redis.RedisError:
                 continue
@@ -345,8 +394,7 @@ class SentinelRedis:
             known = []
             for sentinel in self.sentinels:
                 try:
-                    client = redis.Redis(host="127.0.0.1", port=sentinel.port, socket_timeout=1)
-                    with client:
+                    with sentinel.client() as client:
                         master = client.sentinel_master(self.master_name)
                     known.append(
                         int(master.get("num-other-sentinels", 0)) >= 2
@@ -580,11 +628,25 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class AzuriteServer(ServerProcess):
-    """Azurite's blob service (the npm package pinned in package.json), in memory."""
+    """Azurite's blob service (the npm package pinned in package.json), in memory.
 
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    On loopback by default; with *host* and *wrapper* (harness.netbed's
+    ``NetBed.address`` and ``NetBed.wrapper``) on that address inside a
+    host's network namespace.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        port: int | None = None,
+        *,
+        host: str = "127.0.0.1",
+        wrapper: list[str] | None = None,
+    ) -> None:
         self.workdir = workdir
         self.port = port or free_port()
+        self.host = host
+        self.wrapper = wrapper or []
         self.binary = ROOT / "node_modules" / ".bin" / "azurite-blob"
         if not self.binary.exists():
             raise RuntimeError("Azurite is not installed; run the README's test command")
@@ -595,16 +657,17 @@ class AzuriteServer(ServerProcess):
         return (
             f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
             f"AccountKey={AZURITE_KEY};"
-            f"BlobEndpoint=http://127.0.0.1:{self.port}/{AZURITE_ACCOUNT};"
+            f"BlobEndpoint=http://{self.host}:{self.port}/{AZURITE_ACCOUNT};"
         )
 
     def start(self) -> AzuriteServer:
         log = open(self.workdir / f"azurite-{self.port}.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [
+                *self.wrapper,
                 str(self.binary),
                 "--blobHost",
-                "127.0.0.1",
+                self.host,
                 "--blobPort",
                 str(self.port),
                 "--inMemoryPersistence",
@@ -617,7 +680,7 @@ class AzuriteServer(ServerProcess):
             cwd=self.workdir,
         )
         log.close()
-        wait_for_port(self.proc, self.port, "azurite", 30)
+        wait_for_port(self.proc, self.port, "azurite", 30, self.host)
         return self
 
 

@@ -13,7 +13,8 @@ lost (a duplicate is at-least-once delivery, counted, allowed).
 Besides the checker's rules, each scenario measures and bounds:
 
 * **new leader** (faults that take the lease from the leader): from the
-  fault to the first run of a newer term; within ``ttl + NEW_LEADER_BOUND``;
+  fault to the first run of a newer term; within ``ttl + NEW_LEADER_BOUND``, plus
+  the time the fault takes to be noticed (:attr:`Fault.noticed_within`);
   and the old leader's ``leader_lost`` signal comes before the next
   leader's ``leader_elected``;
 * **resumed**: from the heal to the first run started after it, within
@@ -26,16 +27,23 @@ Besides the checker's rules, each scenario measures and bounds:
   reaches the broker leads instead.
 
 Stores and brokers plug in through :data:`STORES` and :data:`BROKERS` (a
-function that starts the server on its host of the bed); today each has
-Redis. ``python -m tests.partition`` runs every fault on every pair and
-prints a table.
+function that starts the server on its hosts of the bed): Redis, PostgreSQL,
+etcd (three members), Redis Sentinel (primary, replica, three sentinels;
+also with ``min-replicas-to-write 1``) and Azure Blob (Azurite, ttl 15 s);
+Redis and RabbitMQ. Where a store cannot keep guarantee 1 through a fault
+(:attr:`Fault.expect`), the scenario shows what happens instead: the split
+must be visible and the fence must refuse every stale write.
+``python -m tests.partition`` runs every fault on every pair it applies to
+and prints a table.
 """
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -48,18 +56,24 @@ from celery_leader.stores import open_store
 from harness.cluster import ROOT, Cluster, Worker
 from harness.netbed import NetBed
 from harness.servers import (
+    AzuriteServer,
     EtcdCluster,
     EtcdMember,
     PostgresServer,
     RabbitMQServer,
     RedisServer,
+    SentinelRedis,
 )
 from tests.chaos.checker import Summary, check, run_ends
 from tests.chaos.run import RunWatcher
 from tests.integration.streaming import streaming
 
+#: The lease ttl of every store kind but those of :data:`STORE_TTL`.
 TTL = 2.0
-RENEW = TTL / 3  # the default renew interval
+#: Store kinds whose rules want another ttl: Azure leases last 15..60 s.
+STORE_TTL: dict[str, float] = {"azure": 15.0}
+#: The share of the ttl between renewals by default (Azure's store renews every ttl/4).
+RENEW_FRACTION: dict[str, float] = {"azure": 0.25}
 #: Seconds past the ttl for a new term's first run after the leader lost its lease:
 #: the lease running out, the follower noticing, kombu consuming the leader queue
 #: (about a second), on a loaded machine.
@@ -68,8 +82,28 @@ NEW_LEADER_BOUND = 5.0
 #: TCP retransmission backs off (a connection silent for seconds retries only every
 #: second or more), then the client and kombu go on.
 RESUME_BOUND = 6.0
-#: How long a fault that leaves the lease where it is lasts: past two ttls.
-HOLD = 2 * TTL + 1.0
+#: Seconds past the ttl, from the heal, for a Sentinel store that refused every write
+#: during the partition (min-replicas-to-write 1 with one replica) to have a leader
+#: running work again: the sentinels turn the old primary into a replica only after it
+#: has answered for 8 s (SENTINEL_PUBLISH_PERIOD * 4), a full sync follows, then the
+#: promoted primary's hold-off of one ttl (another run id), then kombu consuming.
+SENTINEL_HEAL_BOUND = 20.0
+#: Seconds past the ttl, from the fault, for the sentinels to promote the replica and a
+#: worker on their side to lead (after the hold-off of one ttl) while the old leader
+#: still renews on the old primary.
+SPLIT_BOUND = 20.0
+
+
+def hold_past_two_ttls(ttl: float) -> float:
+    """How long a fault that leaves the lease where it is lasts: past two ttls."""
+    return 2 * ttl + 1.0
+
+
+def hold_past_gap_bound(ttl: float) -> float:
+    """Longer than the bound on a gap in the runs."""
+    return ttl + NEW_LEADER_BOUND + 3.0
+
+
 #: Workers are hosts w1, w2, w3; their node names start with the host's name.
 WORKERS = 3
 
@@ -81,12 +115,19 @@ class Stage:
     net: NetBed
     leader: str
     followers: list[str]
+    #: Host name -> the worker on it.
+    workers: dict[str, Worker]
+    #: The lease ttl and the default renew interval of this store kind.
+    ttl: float
+    renew: float
     #: The hosts the store runs on (one, or one per member), with their client ports.
     store_hosts: dict[str, int]
     broker_port: int
     store_url: str
     election: str
     store: BedServer
+    #: When the store's server answered again after a fault that restarted it.
+    store_back_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -97,10 +138,26 @@ class Fault:
     #: True: the leader must lose its lease during the fault, and another worker lead.
     #: False: the lease must stay where it is (one term). None: either.
     moves_lease: bool | None
-    #: Seconds the fault lasts when it does not wait for a newer term.
-    hold: float = HOLD
+    #: Seconds the fault lasts (given the ttl) when it does not wait for a newer term.
+    hold: Callable[[float], float] = hold_past_two_ttls
     #: The store kinds the fault means something for (None: every kind).
     stores: tuple[str, ...] | None = None
+    #: Undoes what a heal of the network does not (a process continued), before the heal.
+    undo: Callable[[Stage], None] | None = None
+    #: Store kind -> what the fault does there when it is not the rule:
+    #: "split": two terms act at once until the heal (a guarantee the store cannot keep:
+    #: only fencing is judged, and the split must show); "leaderless": no one leads while
+    #: the fault lasts (the store refuses every write), a leader after the heal.
+    expect: dict[str, str] = field(default_factory=dict)
+    #: Seconds (given the ttl) the longest gap in the runs may exceed the usual bound by:
+    #: the time the fault keeps the store away.
+    gap_allowance: Callable[[float], float] = lambda ttl: 0.0
+    #: Seconds (given the ttl and the renew interval) the bounds on a new leader and on a
+    #: gap in the runs exceed the usual ones by: the time the fault takes to be noticed.
+    noticed_within: Callable[[float, float], float] = lambda ttl, renew: 0.0
+    #: The store restarts: the first acquire after it holds its holder off one ttl, so the
+    #: first run of a newer term starts at least a ttl after the store answered again.
+    holds_off: bool = False
 
 
 def _cut_store(stage: Stage) -> None:
@@ -121,7 +178,7 @@ def _one_way_store(stage: Stage) -> None:
 def _slow_store(stage: Stage) -> None:
     # A round trip late by more than the renew interval: no renewal lands in time.
     for host, port in stage.store_hosts.items():
-        stage.net.slow(stage.leader, host, port, delay_ms=RENEW * 1000 * 1.5)
+        stage.net.slow(stage.leader, host, port, delay_ms=stage.renew * 1000 * 1.5)
 
 
 def _etcd_leader_minority(stage: Stage) -> None:
@@ -161,7 +218,7 @@ def _follower_mid_acquire(stage: Stage) -> None:
     transaction for as long as the partition lasts.
     """
     host = stage.followers[0]
-    store_timeout = RENEW / 2  # the store timeout a worker has by default
+    store_timeout = stage.renew / 2  # the store timeout a worker has by default
     locker = subprocess.Popen(
         [
             *stage.net.wrapper(host),
@@ -182,6 +239,59 @@ def _follower_mid_acquire(stage: Stage) -> None:
         locker.wait()
 
 
+def _restart_store(stage: Stage) -> None:
+    """The store's server killed (``kill -9``, as a crash) and started again on its host.
+
+    PostgreSQL recovers from its WAL (the lease rows survive); its start time is
+    another, so the next acquire holds its holder off one ttl (README, PostgreSQL notes).
+    """
+    server = stage.store
+    assert isinstance(server, PostgresServer)
+    server.kill()
+    server.start()
+
+
+def _store_down_past_ttl(stage: Stage) -> None:
+    """The store's server killed, left down past the ttl, and started again.
+
+    The leader cannot renew and loses its lease; whoever acquires next finds another
+    server start time and holds off one ttl (README, PostgreSQL notes).
+    """
+    server = stage.store
+    assert isinstance(server, PostgresServer)
+    server.kill()
+    time.sleep(stage.ttl + 1.0)
+    server.start()
+    stage.store_back_at = time.monotonic()
+
+
+def _freeze_follower(stage: Stage) -> None:
+    """A follower's whole process group stopped (SIGSTOP) wherever it was: inside a store
+    call, its watch's (a Redis follower's watch thread waits in a pub/sub read, a
+    PostgreSQL one's in LISTEN's, an etcd one's in a watch stream; others poll), and
+    wherever its lease manager was. It is continued after the hold, past the ttl; the
+    scenario goes on a ttl more, in which it must not act (one term throughout)."""
+    stage.workers[stage.followers[0]].signal(signal.SIGSTOP)
+
+
+def _continue_follower(stage: Stage) -> None:
+    stage.workers[stage.followers[0]].signal(signal.SIGCONT)
+
+
+def _split_with_primary(stage: Stage) -> None:
+    """{the leader, the primary} cut from {the followers, the replica, the sentinels}.
+
+    The broker and the controller stay reachable from both sides: the leader keeps
+    consuming, and renews on the old primary for as long as that primary takes writes,
+    while the sentinels promote the replica and a follower leads there.
+    """
+    assert isinstance(stage.store, SentinelOnBed)
+    others = [*stage.followers, *(h for h in stage.store_hosts if h != "store")]
+    for side in (stage.leader, "store"):
+        for other in others:
+            stage.net.cut(side, other)
+
+
 FAULTS = {
     fault.name: fault
     for fault in (
@@ -199,6 +309,9 @@ FAULTS = {
             "the leader cut from the broker, both ways",
             lambda s: s.net.cut(s.leader, "broker"),
             moves_lease=True,
+            # A loop is not live once it stood still for its liveness window: two renew
+            # intervals, at least 1 s (celery_leader/worker/coordinator.py); 7.5 s on Azure.
+            noticed_within=lambda ttl, renew: max(2 * renew, 1.0),
         ),
         Fault(
             "leader-both",
@@ -220,8 +333,7 @@ FAULTS = {
         ),
         Fault(
             "leader-store-slow",
-            f"the leader's round trips to the store {RENEW * 1.5:g} s late (renew interval "
-            f"{RENEW:.2f} s)",
+            "the leader's round trips to the store 1.5 renew intervals late",
             _slow_store,
             moves_lease=True,
         ),
@@ -230,7 +342,7 @@ FAULTS = {
             "a follower cut from the store mid-acquire, holding the lease row's lock",
             _follower_mid_acquire,
             moves_lease=None,
-            hold=TTL + NEW_LEADER_BOUND + 3.0,  # longer than the bound on a gap in the runs
+            hold=hold_past_gap_bound,
             stores=("postgres",),
         ),
         Fault(
@@ -238,8 +350,42 @@ FAULTS = {
             "the etcd member the workers use, raft leader, cut from the other two members",
             _etcd_leader_minority,
             moves_lease=None,
-            hold=TTL + NEW_LEADER_BOUND + 3.0,
+            hold=hold_past_gap_bound,
             stores=("etcd",),
+        ),
+        Fault(
+            "store-restart",
+            "the store's server killed and started again (WAL recovery) while runs stream",
+            _restart_store,
+            moves_lease=None,
+            hold=hold_past_gap_bound,
+            stores=("postgres",),
+        ),
+        Fault(
+            "store-down-restart",
+            "the store's server killed, down past the ttl, then started again",
+            _store_down_past_ttl,
+            moves_lease=None,
+            hold=hold_past_gap_bound,
+            stores=("postgres",),
+            gap_allowance=lambda ttl: ttl + 1.0,
+            holds_off=True,
+        ),
+        Fault(
+            "follower-frozen",
+            "a follower's whole process group stopped (SIGSTOP) past the ttl, then continued",
+            _freeze_follower,
+            moves_lease=False,
+            undo=_continue_follower,
+        ),
+        Fault(
+            "sentinel-primary-split",
+            "the leader and the primary cut from the followers, the replica and the sentinels",
+            _split_with_primary,
+            moves_lease=True,
+            hold=lambda ttl: 2 * ttl + 4.0,  # past the failover and the promoted hold-off
+            stores=("sentinel", "sentinel-minrep"),
+            expect={"sentinel": "split", "sentinel-minrep": "leaderless"},
         ),
     )
 }
@@ -262,17 +408,61 @@ class Outcome:
     handover_gap_s: float | None = None
     #: The longest time without a run starting, from the fault to the heal.
     longest_gap_s: float | None = None
+    #: The lease ttl the workers had, and their renew interval.
+    ttl: float = TTL
+    renew: float = TTL / 3
+    #: Seconds from the fault to the heal.
+    held_s: float | None = None
+    #: Seconds from the store answering again after a restart to the first run of a
+    #: newer term (faults that restart the store).
+    after_restart_s: float | None = None
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def mode(self) -> str:
+        """ "rule" (the checker's rules and the bounds), "split" or "leaderless" (see Fault)."""
+        return self.fault.expect.get(self.store, "rule")
+
     def failures(self) -> list[str]:
+        if self.mode == "split":
+            return self._split_failures()
         found = list(self.summary.violations())
         if self.summary.lost:
             found.append(f"{len(self.summary.lost)} messages lost: {self.summary.lost[:10]}")
+        if self.mode == "leaderless":
+            return found + self._leaderless_failures()
+        return found + self._rule_failures()
+
+    def _leaderless_failures(self) -> list[str]:
+        """No one leads while the fault lasts: a newer term comes after the heal."""
+        found = []
+        if self.new_leader_s is None or self.held_s is None:
+            found.append("no newer term ran after the heal")
+        elif self.new_leader_s - self.held_s > self.ttl + SENTINEL_HEAL_BOUND:
+            found.append(
+                f"the newer term ran {self.new_leader_s - self.held_s:.2f} s after the heal "
+                f"(bound: ttl + {SENTINEL_HEAL_BOUND:g} s)"
+            )
+        if self.handover_gap_s is None:
+            found.append("no leader_lost of the old term followed by a leader_elected")
+        elif self.handover_gap_s < 0:
+            found.append(f"elected before the old leader's loss ({self.handover_gap_s:.3f} s)")
+        if self.resumed_s is None or self.resumed_s > self.ttl + SENTINEL_HEAL_BOUND:
+            found.append(
+                f"no run within ttl + {SENTINEL_HEAL_BOUND:g} s of the heal ({self.resumed_s})"
+            )
+        return found
+
+    def _rule_failures(self) -> list[str]:
+        """The bounds of a fault the store keeps the guarantees through."""
+        found = []
+        ttl = self.ttl
+        noticed = self.fault.noticed_within(ttl, self.renew)
         if self.fault.moves_lease:
-            if self.new_leader_s is None or self.new_leader_s > TTL + NEW_LEADER_BOUND:
+            bound = ttl + noticed + NEW_LEADER_BOUND
+            if self.new_leader_s is None or self.new_leader_s > bound:
                 found.append(
-                    f"no newer term ran within ttl + {NEW_LEADER_BOUND:g} s of the fault "
-                    f"({self.new_leader_s})"
+                    f"no newer term ran within {bound:g} s of the fault ({self.new_leader_s})"
                 )
             if self.handover_gap_s is None:
                 found.append("no leader_lost of the old term followed by a leader_elected")
@@ -283,12 +473,47 @@ class Outcome:
                 )
         elif self.fault.moves_lease is False and self.summary.terms != 1:
             found.append(f"{self.summary.terms} terms: the lease moved, it should not have")
-        if self.longest_gap_s is None or self.longest_gap_s > TTL + NEW_LEADER_BOUND:
+        if self.fault.holds_off and (self.after_restart_s is None or self.after_restart_s < ttl):
             found.append(
-                f"no run for {self.longest_gap_s} s during the fault "
-                f"(bound: ttl + {NEW_LEADER_BOUND:g} s)"
+                f"a newer term ran {self.after_restart_s} s after the store came back: "
+                f"no hold-off of one ttl ({ttl:g} s)"
             )
-        if self.resumed_s is None or self.resumed_s > TTL + RESUME_BOUND:
+        gap_bound = ttl + noticed + NEW_LEADER_BOUND + self.fault.gap_allowance(ttl)
+        if self.longest_gap_s is None or self.longest_gap_s > gap_bound:
+            found.append(
+                f"no run for {self.longest_gap_s} s during the fault (bound: {gap_bound:g} s)"
+            )
+        if self.resumed_s is None or self.resumed_s > ttl + RESUME_BOUND:
+            found.append(f"no run within ttl + {RESUME_BOUND:g} s of the heal ({self.resumed_s})")
+        return found
+
+    @property
+    def split_runs(self) -> int:
+        """Runs of an older term that started, or were still going, once a newer one ran."""
+        return len(self.summary.stale_starts) + len(self.summary.in_flight_overlaps)
+
+    def _split_failures(self) -> list[str]:
+        """Where the store cannot keep guarantee 1: the split must show, and the fence hold."""
+        s = self.summary
+        found = []
+        if self.new_leader_s is None or (
+            self.held_s is not None and self.new_leader_s > self.held_s
+        ):
+            found.append(f"no newer term ran before the heal ({self.new_leader_s})")
+        if not self.split_runs:
+            found.append("no two terms ran at once: the split did not show")
+        if s.stale_writes_accepted:
+            found.append(
+                f"{len(s.stale_writes_accepted)} stale writes accepted: "
+                f"{s.stale_writes_accepted[:3]}"
+            )
+        if not s.writes_refused:
+            found.append("no stale write refused: the fence was never tested")
+        if s.never_ended:
+            found.append(f"{len(s.never_ended)} runs never ended")
+        if s.lost:
+            found.append(f"{len(s.lost)} messages lost: {s.lost[:10]}")
+        if self.resumed_s is None or self.resumed_s > self.ttl + RESUME_BOUND:
             found.append(f"no run within ttl + {RESUME_BOUND:g} s of the heal ({self.resumed_s})")
         return found
 
@@ -300,30 +525,42 @@ class Outcome:
                 self.summary.table(),
                 f"  new leader {_seconds(self.new_leader_s)} s, longest gap "
                 f"{_seconds(self.longest_gap_s)} s, resumed {_seconds(self.resumed_s)} s, "
-                f"handover gap {_seconds(self.handover_gap_s)} s",
+                f"handover gap {_seconds(self.handover_gap_s)} s, held {_seconds(self.held_s)} s"
+                + (
+                    f", newer term {_seconds(self.after_restart_s)} s after the store came back"
+                    if self.fault.holds_off
+                    else ""
+                ),
                 *(f"  {note}" for note in self.notes),
                 *(f"  FAIL: {failure}" for failure in self.failures()),
             ]
         )
 
     def row(self) -> dict[str, Any]:
+        """The matrix table's row: the columns of README's table, then the checks behind them."""
         s = self.summary
         return {
-            "fault": self.fault.name,
             "store": self.store,
             "broker": self.broker,
+            "fault": self.fault.name,
             "terms": s.terms,
             "stale starts": len(s.stale_starts),
             "stale writes accepted": len(s.stale_writes_accepted),
             "stale writes refused": s.writes_refused,
-            "in flight at a term change": len(s.in_flight_overlaps),
             "lost": len(s.lost),
             "duplicated": s.duplicates,
-            "new leader s": _seconds(self.new_leader_s),
+            "new leader after s": _seconds(self.new_leader_s),
+            "work again after heal s": _seconds(self.resumed_s),
+            "in flight at a term change": len(s.in_flight_overlaps),
             "longest gap s": _seconds(self.longest_gap_s),
-            "resumed s": _seconds(self.resumed_s),
-            "verdict": "ok" if not self.failures() else "FAIL",
+            "verdict": self.verdict(),
         }
+
+    def verdict(self) -> str:
+        """ok, FAIL, or "split shown" where the store cannot keep guarantee 1 (fence held)."""
+        if self.failures():
+            return "FAIL"
+        return "split shown, fence held" if self.mode == "split" else "ok"
 
 
 def _seconds(value: float | None) -> str:
@@ -339,6 +576,25 @@ def table(outcomes: list[Outcome]) -> str:
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
     lines = ["  ".join(f"{c:<{widths[c]}}" for c in columns)]
     lines += ["  ".join(f"{r[c]!s:<{widths[c]}}" for c in columns) for r in rows]
+    return "\n".join(lines)
+
+
+#: README's table: the row's columns up to this one.
+README_COLUMNS = 11
+
+
+def markdown(outcomes: list[Outcome]) -> str:
+    """The outcomes as README's Markdown table: store, broker, fault and the figures."""
+    rows = [o.row() for o in outcomes]
+    if not rows:
+        return "(no scenario ran)"
+    columns = list(rows[0])[:README_COLUMNS]
+    numeric = columns[3:]
+    lines = [
+        "| " + " | ".join(f"{c[:-2]} (s)" if c.endswith(" s") else c for c in columns) + " |",
+        "|" + "|".join("---:" if c in numeric else "---" for c in columns) + "|",
+    ]
+    lines += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -366,6 +622,63 @@ def redis_on(net: NetBed, host: str, tmp: Path) -> RedisServer:
 def rabbitmq_on(net: NetBed, host: str, tmp: Path) -> RabbitMQServer:
     """A private RabbitMQ node on *host* of the bed."""
     return RabbitMQServer(tmp / host, host=net.address(host), wrapper=net.wrapper(host)).start()
+
+
+class SentinelOnBed:
+    """A Sentinel set on the bed: the primary on "store", the replica on "replica", each
+    sentinel on a host of its own. With *min_replicas*, the primary and the replica
+    (which the sentinels may promote) refuse writes that no replica acknowledged within
+    1 s (``min-replicas-to-write 1``, ``min-replicas-max-lag 1``, below the ttl of 2 s).
+    """
+
+    def __init__(self, net: NetBed, tmp: Path, *, min_replicas: bool) -> None:
+        self.net = net
+        extra = ["--min-replicas-to-write", "1", "--min-replicas-max-lag", "1"]
+        self.servers = SentinelRedis(
+            tmp / "sentinel",
+            hosts={
+                role: (net.address(host), net.wrapper(host))
+                for role, host in zip(SENTINEL_ROLES, STORE_HOSTS["sentinel"], strict=True)
+            },
+            extra=extra if min_replicas else None,
+        ).start()
+        self.port = self.servers.primary.port
+
+    @property
+    def url(self) -> str:
+        return self.servers.url
+
+    def ports(self) -> dict[str, int]:
+        """Host -> the port clients reach there (the servers', then the sentinels')."""
+        ports = [s.port for s in self.servers.servers] + [s.port for s in self.servers.sentinels]
+        return dict(zip(STORE_HOSTS["sentinel"], ports, strict=True))
+
+    def stop(self) -> None:
+        self.servers.stop()
+
+
+class AzuriteOnBed:
+    """Azurite's blob service on the "store" host; a container of its own per bed."""
+
+    def __init__(self, net: NetBed, tmp: Path) -> None:
+        workdir = tmp / "store"
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.server = AzuriteServer(
+            workdir, host=net.address("store"), wrapper=net.wrapper("store")
+        ).start()
+        self.port = self.server.port
+        self.container = f"c{uuid.uuid4().hex[:10]}"
+
+    @property
+    def url(self) -> str:
+        return f"azureblob://{self.container}/leases"
+
+    def env(self) -> dict[str, str]:
+        """What the workers (and the test's store reads) need besides the URL."""
+        return {"AZURE_STORAGE_CONNECTION_STRING": self.server.connection_string}
+
+    def stop(self) -> None:
+        self.server.stop()
 
 
 def postgres_on(net: NetBed, host: str, tmp: Path) -> PostgresServer:
@@ -412,15 +725,46 @@ class EtcdOnBed:
         self.cluster.close()
 
 
+#: The roles of a Sentinel set, on the hosts of STORE_HOSTS["sentinel"] in this order.
+SENTINEL_ROLES = ("primary", "replica", "sentinel1", "sentinel2", "sentinel3")
 #: Store kind -> the bed's hosts it runs on (default: one, "store").
-STORE_HOSTS: dict[str, tuple[str, ...]] = {"etcd": ("store", "store2", "store3")}
+STORE_HOSTS: dict[str, tuple[str, ...]] = {
+    "etcd": ("store", "store2", "store3"),
+    "sentinel": ("store", "replica", "sentinel1", "sentinel2", "sentinel3"),
+    "sentinel-minrep": ("store", "replica", "sentinel1", "sentinel2", "sentinel3"),
+}
 #: Store kind -> a function that starts one on its hosts of the bed. A store of another
 #: kind plugs in here (its server class taking a host address and a wrapper).
 STORES: dict[str, Callable[[NetBed, Path], BedServer]] = {
     "redis": lambda net, tmp: redis_on(net, "store", tmp),
     "postgres": lambda net, tmp: postgres_on(net, "store", tmp),
     "etcd": lambda net, tmp: EtcdOnBed(net, STORE_HOSTS["etcd"], tmp),
+    "sentinel": lambda net, tmp: SentinelOnBed(net, tmp, min_replicas=False),
+    "azure": AzuriteOnBed,
+    # Sentinel with min-replicas-to-write 1: run for the split of the primary alone.
+    "sentinel-minrep": lambda net, tmp: SentinelOnBed(net, tmp, min_replicas=True),
 }
+#: Store kind -> the only faults it runs (default: every fault that applies to it).
+STORE_FAULTS: dict[str, tuple[str, ...]] = {"sentinel-minrep": ("sentinel-primary-split",)}
+
+
+def applies(fault: Fault, store: str) -> bool:
+    """Whether the matrix runs *fault* on a *store*: a fault of another store's (a
+    PostgreSQL row lock, say) does not, nor one the store kind is not run for."""
+    only = STORE_FAULTS.get(store)
+    if only is not None:
+        return fault.name in only
+    return fault.stores is None or store in fault.stores
+
+
+def ttl_of(store: str) -> float:
+    return STORE_TTL.get(store, TTL)
+
+
+def renew_of(store: str) -> float:
+    return ttl_of(store) * RENEW_FRACTION.get(store, 1 / 3)
+
+
 #: Broker kind -> a function that starts one on the bed's "broker" host.
 BROKERS: dict[str, Callable[[NetBed, Path], BedServer]] = {
     "redis": lambda net, tmp: redis_on(net, "broker", tmp),
@@ -439,6 +783,10 @@ class PartitionBed:
     store_server: BedServer
     broker_server: BedServer
 
+    @property
+    def ttl(self) -> float:
+        return ttl_of(self.store)
+
     def host_of(self, worker: Worker) -> str:
         return worker.nodename.split("@", 1)[0]
 
@@ -448,9 +796,12 @@ class PartitionBed:
             net=self.net,
             leader=self.host_of(leader),
             followers=[h for h in hosts if h != self.host_of(leader)],
+            workers={self.host_of(w): w for w in self.cluster.workers},
+            ttl=self.ttl,
+            renew=renew_of(self.store),
             store_hosts=(
                 self.store_server.ports()
-                if isinstance(self.store_server, EtcdOnBed)
+                if isinstance(self.store_server, EtcdOnBed | SentinelOnBed)
                 else {"store": self.store_server.port}
             ),
             broker_port=self.broker_server.port,
@@ -488,7 +839,9 @@ def partition_bed(tmp: Path, store: str = "redis", broker: str = "redis") -> Ite
             store_url=store_server.url,
             history=history,
         )
-        cluster.env["LEADER_TTL"] = str(TTL)
+        cluster.env["LEADER_TTL"] = f"{ttl_of(store):g}"
+        if isinstance(store_server, AzuriteOnBed):
+            cluster.env.update(store_server.env())
         stack.callback(cluster.close)
         for n in range(1, WORKERS + 1):
             cluster.start(1, wait=False, wrapper=net.wrapper(f"w{n}"))
@@ -498,7 +851,10 @@ def partition_bed(tmp: Path, store: str = "redis", broker: str = "redis") -> Ite
 
 
 def _lease_token(cluster: Cluster) -> int:
-    store = open_store(cluster.env["LEADER_STORE"], timeout=2)
+    options = {}
+    if cluster.env.get("AZURE_STORAGE_CONNECTION_STRING"):
+        options["leader_azure_connection_string"] = cluster.env["AZURE_STORAGE_CONNECTION_STRING"]
+    store = open_store(cluster.env["LEADER_STORE"], timeout=2, options=options)
     try:
         record = store.read(cluster.name)
     except StoreError:
@@ -534,9 +890,7 @@ def run_scenario(bed: PartitionBed, fault: Fault) -> Outcome:
     watcher = RunWatcher(cluster.env["LEADER_HISTORY"])
     watcher.start()
     try:
-        sent, longest_gap_s, new_leader_s, resumed_s, faulted, healed = _stream_through(
-            bed, fault, stage, token
-        )
+        sent, longest_gap_s, resumed_s, faulted, healed = _stream_through(bed, fault, stage, token)
         # Every message sent must run: one a cut-off leader had taken comes back after the
         # Redis broker's visibility timeout (4 s).
         cluster.wait_history(
@@ -550,11 +904,25 @@ def run_scenario(bed: PartitionBed, fault: Fault) -> Outcome:
         watcher.stop()
         watcher.close()
     rows = cluster.history()
-    outcome = Outcome(fault, bed.store, bed.broker, check(rows, sent), new_leader_s, resumed_s)
-    outcome.longest_gap_s = longest_gap_s
-    outcome.notes = _term_changes(rows, faulted, healed)
+    newer = [float(r["at"]) for r in rows if r["kind"] == "start" and int(r["token"]) > token]
+    outcome = Outcome(
+        fault,
+        bed.store,
+        bed.broker,
+        check(rows, sent),
+        new_leader_s=min(newer) - faulted if newer else None,
+        resumed_s=resumed_s,
+        longest_gap_s=longest_gap_s,
+        ttl=bed.ttl,
+        renew=renew_of(bed.store),
+        held_s=healed - faulted,
+        notes=_term_changes(rows, faulted, healed),
+    )
     if fault.moves_lease:
         outcome.handover_gap_s = _handover_gap(rows, token)
+    if stage.store_back_at is not None:
+        back = [at for at in newer if at > stage.store_back_at]
+        outcome.after_restart_s = min(back) - stage.store_back_at if back else None
     return outcome
 
 
@@ -565,46 +933,56 @@ def _all_ended(rows: list[dict[str, Any]]) -> bool:
 
 
 def _term_changes(rows: list[dict[str, Any]], faulted: float, healed: float) -> list[str]:
-    """When each term's first run started, from the fault (and whether before the heal)."""
-    first: dict[int, float] = {}
+    """When each term's first and last runs started, from the fault and the heal."""
+    starts: dict[int, list[float]] = {}
     for row in rows:
         if row["kind"] == "start":
-            first[int(row["token"])] = min(first.get(int(row["token"]), row["at"]), row["at"])
+            starts.setdefault(int(row["token"]), []).append(float(row["at"]))
     return [
-        f"term {token}: first run {at - faulted:+.2f} s from the fault "
-        f"({'before' if at < healed else 'after'} the heal)"
-        for token, at in sorted(first.items())
+        f"term {token}: first run {min(at) - faulted:+.2f} s from the fault, last run "
+        f"{max(at) - healed:+.2f} s from the heal"
+        for token, at in sorted(starts.items())
     ]
 
 
 def _stream_through(
     bed: PartitionBed, fault: Fault, stage: Stage, token: int
-) -> tuple[int, float, float | None, float | None, float, float]:
+) -> tuple[int, float, float | None, float, float]:
     """Stream runs through the fault and the heal: (messages sent, the longest gap in the
-    runs during the fault, new leader s, resumed s, fault time, heal time)."""
+    runs during the fault, resumed s, fault time, heal time).
+
+    A fault that moves the lease lasts until a newer term ran (and 1 s more, while the
+    old leader is still cut off); where the fault splits the store, 3 s more (both terms
+    run); any other fault, its hold.
+    """
     cluster = bed.cluster
-    new_leader_s = resumed_s = None
+    ttl = bed.ttl
+    mode = fault.expect.get(bed.store, "rule")
+    resumed_s = None
+    after_heal = ttl + (SENTINEL_HEAL_BOUND if mode == "leaderless" else RESUME_BOUND)
     with streaming(cluster, every=0.1, task="chaos_work", args=(0.2,), watch=False) as sent:
         time.sleep(1.5)  # runs of the first term
         faulted = time.monotonic()
         fault.apply(stage)
-        if fault.moves_lease:
-            newer = _wait_start(
-                cluster, lambda r: int(r["token"]) > token, TTL + NEW_LEADER_BOUND + 2
-            )
+        if fault.moves_lease and mode != "leaderless":
+            noticed = fault.noticed_within(ttl, renew_of(bed.store))
+            wait = ttl + noticed + (SPLIT_BOUND if mode == "split" else NEW_LEADER_BOUND) + 2
+            newer = _wait_start(cluster, lambda r: int(r["token"]) > token, wait)
             if newer is not None:
-                new_leader_s = float(newer["at"]) - faulted
-                time.sleep(1.0)  # the new term runs while the old leader is still cut off
+                time.sleep(3.0 if mode == "split" else 1.0)
         else:
-            time.sleep(fault.hold)
+            time.sleep(fault.hold(ttl))
+        if fault.undo is not None:
+            fault.undo(stage)
         bed.net.heal()
         healed = time.monotonic()
         longest_gap_s = _longest_gap(cluster.history(), faulted, healed)
-        after = _wait_start(cluster, lambda r: float(r["at"]) > healed, TTL + RESUME_BOUND + 2)
+        after = _wait_start(cluster, lambda r: float(r["at"]) > healed, after_heal + 2)
         if after is not None:
             resumed_s = float(after["at"]) - healed
-        time.sleep(1.0)
-    return sent[0], longest_gap_s, new_leader_s, resumed_s, faulted, healed
+        # A process continued (undo) gets a ttl to act wrongly in; the others a second.
+        time.sleep(max(ttl, 1.0) if fault.undo is not None else 1.0)
+    return sent[0], longest_gap_s, resumed_s, faulted, healed
 
 
 def _longest_gap(rows: list[dict[str, Any]], begin: float, end: float) -> float:

@@ -20,4 +20,7 @@ def test_unknown_store_names_the_known_ones() -> None:
         check=False,
     )
     assert done.returncode != 0
-    assert "--store 'nosuch': expected 'all' or some of redis, postgres, etcd" in done.stderr
+    assert (
+        "--store 'nosuch': expected 'all' or some of redis, postgres, etcd, sentinel, azure, "
+        "sentinel-minrep" in done.stderr
+    )

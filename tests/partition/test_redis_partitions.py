@@ -52,3 +52,8 @@ def test_one_way_loss_from_leader_to_store_ends_its_term(redis_bed: PartitionBed
 def test_store_slower_than_the_renew_interval_ends_the_term(redis_bed: PartitionBed) -> None:
     """Round trips to the store later than the renew interval: the leader steps down in time."""
     _judge(redis_bed, "leader-store-slow")
+
+
+def test_follower_frozen_past_the_ttl_does_not_act_when_continued(redis_bed: PartitionBed) -> None:
+    """A follower's process group stopped past the ttl, then continued: one term throughout."""
+    _judge(redis_bed, "follower-frozen")
