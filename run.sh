@@ -208,7 +208,7 @@ case "$cmd" in
     # workers, servers and beats. The tests marked serial bound a time tightly: they run
     # next, one at a time, with nothing else of the suite beside them. Those marked
     # matrix (partition scenarios of a minute each) are left to ./run.sh partition.
-    .venv/bin/python -m pytest -n "${PYTEST_WORKERS:-4}" --dist loadgroup \
+    .venv/bin/python -m pytest -n "${PYTEST_WORKERS:-5}" --dist loadgroup \
       --no-loadscope-reorder -m "not serial and not matrix" || status=$?
     .venv/bin/python -m pytest -m serial || status=$?
     # The compat subset on the oldest allowed releases and the other Pythons.

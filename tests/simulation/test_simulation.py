@@ -263,10 +263,11 @@ def test_every_kill_layer_ends_runs():
 
 
 @pytest.mark.slow
-def test_the_redis_model_has_no_violations_over_10000_seeds():
-    """The CI run of the simulation: ten thousand seeds, none may fail."""
-    summary = run_seeds(range(10_000), jobs=2)
-    assert summary.seeds == 10_000
+def test_the_redis_model_has_no_violations_over_4000_seeds():
+    """The CI run of the simulation: four thousand seeds, none may fail (`./run.sh simulate
+    --seeds N` and `python -m benchmarks.simulation` run more)."""
+    summary = run_seeds(range(4_000), jobs=2)
+    assert summary.seeds == 4_000
     assert summary.violations == 0, [(r.seed, r.violation) for r in summary.failures]
 
 
