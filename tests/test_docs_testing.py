@@ -1,11 +1,11 @@
-"""The README's "Testing your code" suite, run as written: its files, as a user copies them.
+"""The Testing page's suite, run as written: its files, as a user copies them.
 
-The section's Python blocks each start with the name of their file
-(``# conftest.py``); they are read from README.md, written into an empty
-directory and run with pytest in a process of their own, on the installed
-package and its pytest plugin, as a new project runs them. pytest-celery's
-plugin is switched off, as in a project without it: the README's conftest.py
-is written for one (beside pytest-celery it drops its pytest_plugins line).
+The page includes the files of docs/examples/testing/ (each starts with its
+own name, ``# conftest.py``); they are copied into an empty directory and
+run with pytest in a process of their own, on the installed package and its
+pytest plugin, as a new project runs them. pytest-celery's plugin is
+switched off, as in a project without it: the page's conftest.py is written
+for one (beside pytest-celery it drops its pytest_plugins line).
 """
 
 from __future__ import annotations
@@ -15,41 +15,25 @@ from pathlib import Path
 
 from tests.test_pytest_plugin import run_pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-SECTION = "## Testing your code"
-
-#: A fenced Python block: its text, without the fences.
-BLOCK = re.compile(r"^```python\n(.*?)^```$", flags=re.MULTILINE | re.DOTALL)
-#: The first line of a block that is a file: ``# name.py``.
-FILE_NAME = re.compile(r"# ([\w-]+\.py)")
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "docs" / "examples" / "testing"
+PAGE = ROOT / "docs" / "testing.md"
 
 
-def section(readme: str, heading: str = SECTION) -> str:
-    """The text of the section under *heading*, up to the next section of its level."""
-    start = readme.index(f"\n{heading}\n")
-    level = heading.split(" ", 1)[0]
-    following = re.search(rf"^{level} ", readme[start + len(heading) + 2 :], flags=re.MULTILINE)
-    end = start + len(heading) + 2 + following.start() if following else len(readme)
-    return readme[start:end]
-
-
-def snippet_files(text: str) -> dict[str, str]:
-    """Every Python block of *text*, by the file name on its first line; a block without
-    one is an error, so that no snippet of the section goes unrun."""
-    files: dict[str, str] = {}
-    for block in BLOCK.findall(text):
-        first_line = block.split("\n", 1)[0]
-        named = FILE_NAME.fullmatch(first_line)
-        assert named, f"a Python block of {SECTION!r} does not name its file: {first_line!r}"
-        assert named.group(1) not in files, f"two blocks are {named.group(1)}"
-        files[named.group(1)] = block
+def example_files() -> dict[str, str]:
+    """The example's files by name; each starts with its own name, as the page shows it."""
+    files = {path.name: path.read_text() for path in sorted(EXAMPLE.glob("*.py"))}
+    assert {"conftest.py", "shop.py", "test_shop.py"} <= set(files), sorted(files)
+    for name, text in files.items():
+        assert text.startswith(f"# {name}\n"), name
     return files
 
 
-def readme_files() -> dict[str, str]:
-    files = snippet_files(section(README.read_text()))
-    assert {"conftest.py", "shop.py"} <= set(files), sorted(files)
-    return files
+def test_the_page_includes_every_file_of_the_example():
+    """The Testing page shows the files this test runs, each included, none retyped."""
+    page = PAGE.read_text()
+    for name in example_files():
+        assert f"examples/testing/{name}" in page, name
 
 
 def defined_tests(files: dict[str, str]) -> set[str]:
@@ -74,10 +58,10 @@ def run_suite(tmp_path: Path, files: dict[str, str]) -> tuple[int, str, set[str]
     return proc.returncode, out, passed
 
 
-def test_the_readme_suite_passes_as_written(tmp_path):
-    """Every test of the README's suite passes, and nothing else is reported (no skip,
+def test_the_suite_passes_as_written(tmp_path):
+    """Every test of the page's suite passes, and nothing else is reported (no skip,
     no warning): the files work when copied, with no other file beside them."""
-    files = readme_files()
+    files = example_files()
     expected = defined_tests(files)
     assert "test_settle_runs_on_a_worker_that_leads" in expected, sorted(expected)
     code, out, passed = run_suite(tmp_path, files)
@@ -87,9 +71,9 @@ def test_the_readme_suite_passes_as_written(tmp_path):
     assert re.fullmatch(r"=+ \d+ passed in [0-9.]+s =+", summary), out[-4000:]
 
 
-def test_the_check_fails_when_a_file_of_the_readme_is_missing(tmp_path):
-    """Without the README's conftest.py, the same check sees the worker test fail."""
-    files = readme_files()
+def test_the_check_fails_when_a_file_of_the_example_is_missing(tmp_path):
+    """Without the example's conftest.py, the same check sees the worker test fail."""
+    files = example_files()
     del files["conftest.py"]
     code, out, passed = run_suite(tmp_path, files)
     assert code != 0, out[-4000:]
