@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 EXAMPLE = ROOT / "docs" / "examples" / "quickstart" / "proj.py"
@@ -78,6 +80,7 @@ def _celery(command: list[str]) -> list[str]:
     return [sys.executable, "-m", "celery", *command[1:]]
 
 
+@pytest.mark.slow
 def test_quickstart_runs_as_written(redis_server, tmp_path):
     """Two workers as the README starts them; the task sent as it says runs on the one
     that ``leader status`` names, which logs the task's line."""
