@@ -27,6 +27,7 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx_click",
     "metrics_reference",
+    "trim_includes",
 ]
 
 source_suffix = {".md": "markdown"}
