@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The project's two entry points, for a fresh Debian-like machine:
 #   ./run.sh demo [--quick]   the demo: needs nothing but Python (SQLite lease store)
-#   ./run.sh test [pytest args]   installs what the tests need, lints, type-checks, runs pytest
+#   ./run.sh test [pytest args]   installs what the tests need, lints, type-checks, builds the
+#                             docs, runs pytest
+#   ./run.sh docs             the documentation site (Sphinx), warnings as errors, into docs/_build/html
 #   ./run.sh bench            every benchmark; writes docs/benchmarks.md and docs/failover.png
 #   ./run.sh compat [--all]    the compat subset (pytest -m compat) on the oldest allowed
 #                             Celery/kombu/redis-py and on every supported Python
@@ -49,6 +51,11 @@ demo_venv() {
     echo "installing celery-leader into .venv failed; pip's output is above and in $log" >&2
     return 1
   fi
+}
+
+# The documentation site: every warning (a broken link or cross-reference included) fails it.
+build_docs() {
+  .venv/bin/sphinx-build -W --keep-going -n -q -b html docs docs/_build/html
 }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -195,6 +202,7 @@ case "$cmd" in
     .venv/bin/ruff check .
     .venv/bin/ruff format --check .
     .venv/bin/mypy
+    build_docs
     status=0
     if [ "$#" != 0 ]; then  # a part of the suite, as pytest's arguments select it
       .venv/bin/python -m pytest "$@" || status=$?
@@ -232,12 +240,17 @@ case "$cmd" in
     venv dev
     exec .venv/bin/python -m tests.partition "$@"
     ;;
+  docs)
+    venv docs
+    build_docs
+    echo "docs/_build/html/index.html"
+    ;;
   simulate)
     venv ""
     exec .venv/bin/python -m celery_leader.simulation "$@"
     ;;
   *)
-    echo "usage: ./run.sh demo|test|compat|bench|simulate|partition [args]" >&2
+    echo "usage: ./run.sh demo|test|docs|compat|bench|simulate|partition [args]" >&2
     exit 2
     ;;
 esac

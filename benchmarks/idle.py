@@ -28,7 +28,7 @@ from harness.cpu import cpu_seconds
 from harness.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
-#: The extra idle CPU the plugin may cost (share of one core), README "Install".
+#: The extra idle CPU the plugin may cost (share of one core), docs/verification.md, "Costs".
 GOAL = 0.005
 
 

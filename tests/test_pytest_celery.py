@@ -1,4 +1,4 @@
-"""celery-leader's pytest fixtures beside pytest-celery 1.x, as the README says they work.
+"""celery-leader's pytest fixtures beside pytest-celery 1.x, as the Testing page says they work.
 
 pytest-celery (in the test extra) registers its plugin, named ``celery``, through
 an entry point, so it is active in every pytest run of a project that has it
@@ -73,10 +73,10 @@ def test_a_lost_lease_is_lost(lost_leader_lease):
         sweep.apply().get()
 """
 
-#: Celery's own plugin, as the README tells users of leader_worker to enable it.
+#: Celery's own plugin, as the Testing page tells users of leader_worker to enable it.
 CELERY_PLUGIN_LINE = 'pytest_plugins = ("celery.contrib.pytest",)\n'
 
-#: The README's conftest.py without its pytest_plugins line: leader_worker needs no ping task.
+#: The Testing page's conftest.py without its pytest_plugins line: leader_worker needs no ping task.
 WORKER_CONFTEST = """
 import pytest
 from proj import app

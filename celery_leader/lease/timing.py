@@ -3,7 +3,7 @@
 Pure functions over numbers on one monotonic clock, so they can be tested with
 a fake clock and reasoned about alone.
 
-The model (see the README's "Guarantees"):
+The model (see "Guarantees and design" in the docs):
 
 * Validity is counted from the moment a request was *sent*, never from when
   its reply came: ``valid_until = t_sent + ttl - margin``. The store starts its

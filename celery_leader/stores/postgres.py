@@ -2,7 +2,7 @@
 
 Install with ``pip install 'celery-leader[postgres]'`` (psycopg 3). The
 tables are created on first use; teams that manage schemas can create them
-beforehand with :data:`DDL` (the README prints it), and the store then needs
+beforehand with :data:`DDL` (the docs print it), and the store then needs
 only SELECT, INSERT, UPDATE, DELETE on them and USAGE on the sequence.
 
 How: one row per election in ``celery_leader_lease``, expiry on the
@@ -219,8 +219,8 @@ _SCHEMA_LOCK = 0x63656C6C  # the advisory lock the schema is created under ("cel
 #: schema made beforehand by an earlier version, which had no celery_leader_acquire()).
 ERR_SCHEMA_INCOMPLETE = (
     "the schema is incomplete (made by an earlier version?) and this role may not"
-    " complete it: run celery_leader.stores.postgres.DDL (printed in the README's"
-    ' "PostgreSQL notes") as the owner of the tables; it keeps what is there'
+    " complete it: run celery_leader.stores.postgres.DDL (printed on the docs' PostgreSQL"
+    " store page) as the owner of the tables; it keeps what is there"
 )
 
 

@@ -1,4 +1,4 @@
-"""What names one message across its deliveries, on each transport the README names.
+"""What names one message across its deliveries, on each transport the docs name.
 
 The redelivery record (:mod:`celery_leader.worker.redelivery`) acknowledges
 a message without running it only when it proves that this very message

@@ -1,4 +1,4 @@
-"""Every pool the README lists: election, revocation by the pool's default ``on_loss``, failover.
+"""Every pool the docs list: election, revocation by the pool's default ``on_loss``, failover.
 
 One test per pool, on real workers: the leader runs every leader task; a
 store pause ends the term and its running leader task stops by the pool's

@@ -7,7 +7,7 @@ one table row per run (store, broker, fault, terms, stale starts, stale
 writes accepted and refused, lost, duplicated, the times to a new leader
 and back to work after the heal; then runs in flight at a term change, the
 longest gap in the runs during the fault and the verdict), with
-``--markdown`` README's table too, then the reasons of each failed run.
+``--markdown`` the Markdown table of docs/verification.md too, then the reasons of each failed run.
 Exits 1 when a run failed. Where a store cannot keep guarantee 1 (Sentinel
 without min-replicas-to-write, its primary cut off with the leader) the
 verdict is "split shown, fence held" when the split showed and the fence
@@ -56,7 +56,9 @@ def main() -> None:
     parser.add_argument("--broker", default="all", help=f"of {', '.join(BROKERS)}")
     parser.add_argument("--fault", default="all", help=f"of {', '.join(FAULTS)}")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each combination")
-    parser.add_argument("--markdown", action="store_true", help="README's table too")
+    parser.add_argument(
+        "--markdown", action="store_true", help="the Markdown table (docs/verification.md) too"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="each run's report")
     args = parser.parse_args()
     stores = _choice(args.store, dict(STORES), "store")

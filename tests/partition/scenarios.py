@@ -243,7 +243,7 @@ def _restart_store(stage: Stage) -> None:
     """The store's server killed (``kill -9``, as a crash) and started again on its host.
 
     PostgreSQL recovers from its WAL (the lease rows survive); its start time is
-    another, so the next acquire holds its holder off one ttl (README, PostgreSQL notes).
+    another, so the next acquire holds its holder off one ttl (docs/stores/postgresql.md).
     """
     server = stage.store
     assert isinstance(server, PostgresServer)
@@ -255,7 +255,7 @@ def _store_down_past_ttl(stage: Stage) -> None:
     """The store's server killed, left down past the ttl, and started again.
 
     The leader cannot renew and loses its lease; whoever acquires next finds another
-    server start time and holds off one ttl (README, PostgreSQL notes).
+    server start time and holds off one ttl (docs/stores/postgresql.md).
     """
     server = stage.store
     assert isinstance(server, PostgresServer)
@@ -537,7 +537,7 @@ class Outcome:
         )
 
     def row(self) -> dict[str, Any]:
-        """The matrix table's row: the columns of README's table, then the checks behind them."""
+        """The matrix table's row: the columns of the docs' table, then the checks behind them."""
         s = self.summary
         return {
             "store": self.store,
@@ -579,12 +579,12 @@ def table(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
-#: README's table: the row's columns up to this one.
+#: The docs' table (docs/verification.md): the row's columns up to this one.
 README_COLUMNS = 11
 
 
 def markdown(outcomes: list[Outcome]) -> str:
-    """The outcomes as README's Markdown table: store, broker, fault and the figures."""
+    """The outcomes as the docs' Markdown table: store, broker, fault and the figures."""
     rows = [o.row() for o in outcomes]
     if not rows:
         return "(no scenario ran)"

@@ -7,7 +7,7 @@ history reach both). The sentinels promote the replica.
 
 * Without ``min-replicas-to-write`` the old primary keeps taking the leader's
   renewals while a follower leads on the promoted replica: two terms act at
-  once until the heal (README, "What each store cannot keep"). The test shows
+  once until the heal (docs/stores/index.md, "What each store cannot keep"). The test shows
   it happening, and that the fence refuses the stale term's writes: only
   fencing protects there.
 * With ``min-replicas-to-write 1`` and ``min-replicas-max-lag 1`` (below the

@@ -174,10 +174,9 @@ def test_a_schema_of_an_earlier_version_gets_the_acquire_function(server):
         owner.close()
 
 
-def test_the_readme_prints_the_schema_the_store_creates():
-    """Teams that manage schemas copy the README's SQL: it must be DDL, word for word."""
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    notes = readme[readme.index("**PostgreSQL notes.**") :]
-    begin = notes.index("```sql\n") + len("```sql\n")
-    printed = notes[begin : notes.index("\n```", begin)]
+def test_the_docs_print_the_schema_the_store_creates():
+    """Teams that manage schemas copy the PostgreSQL page's SQL: it must be DDL, word for word."""
+    docs = Path(__file__).parents[2] / "docs"
+    printed = (docs / "examples" / "postgres" / "schema.sql").read_text()
     assert printed.split() == DDL.split()
+    assert "examples/postgres/schema.sql" in (docs / "stores" / "postgresql.md").read_text()

@@ -204,7 +204,7 @@ def test_a_user_without_info_leads_holds_off_and_says_what_is_missing(tmp_path, 
 
 
 def test_a_user_granted_info_hands_over_without_hold_off(tmp_path, stores, caplog):
-    """+@all -@dangerous +info: what the README asks for; a clean handover is immediate."""
+    """+@all -@dangerous +info: what the Redis page asks for; a clean handover is immediate."""
     server = _least_privilege_server(tmp_path, "+@all", "-@dangerous", "+info")
     try:
         store = _open(f"redis://leader:s3cr3t-pass@127.0.0.1:{server.port}/0", stores)

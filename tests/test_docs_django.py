@@ -1,16 +1,16 @@
-"""The README's Django section, as written: its settings and its proj/celery.py run a real beat.
+"""The Django page's files, as written: its settings and its proj/celery.py run a real beat.
 
-The blocks are read from README.md, not retyped. Only the Redis address of
+The page includes docs/examples/django/ (settings.py, proj/celery.py and the
+refusal line); this test runs those same files. Only the Redis address of
 the settings is pointed at this test's redis-server; the rest of a Django
-project the section does not show (database, installed apps) is added.
-A beat started as the section says leads beat's election; ``-S django``
-stops with exactly the line the section prints.
+project the page does not show (database, installed apps) is added.
+A beat started as the page says leads beat's election; ``-S django``
+stops with exactly the line the page prints.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import time
@@ -18,9 +18,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+EXAMPLE = ROOT / "docs" / "examples" / "django"
+PAGE = ROOT / "docs" / "django.md"
+
 PROJECT_REST = """
-# The rest of a Django project, which the README leaves to the reader.
-SECRET_KEY = "readme-test-only"
+# The rest of a Django project, which the page leaves to the reader.
+SECRET_KEY = "docs-test-only"
 INSTALLED_APPS = ["django_celery_beat"]
 DATABASES = {{"default": {{"ENGINE": "django.db.backends.sqlite3", "NAME": {db!r}}}}}
 USE_TZ = True
@@ -28,21 +31,18 @@ DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 """
 
 
-def section(title: str) -> str:
-    text = (ROOT / "README.md").read_text()
-    start = text.index(f"\n## {title}\n")
-    end = text.index("\n## ", start + 1)
-    return text[start:end]
+def test_the_django_page_includes_the_files_this_test_runs():
+    """What the page shows is what runs below: each file is included, not retyped."""
+    page = PAGE.read_text()
+    for name in ("proj/settings.py", "proj/celery.py", "unled-beat-refusal.txt"):
+        assert f"examples/django/{name}" in page, name
 
 
-def blocks(text: str, language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
-
-
-def test_the_django_section_runs_as_written(redis_server, tmp_path):
-    django = section("Django")
-    settings, celery_module = blocks(django, "python")
-    (refusal,) = blocks(django, "text")
+def test_the_django_page_runs_as_written(redis_server, tmp_path):
+    """Its settings and proj/celery.py run a led beat; ``-S django`` stops with its line."""
+    settings = (EXAMPLE / "proj" / "settings.py").read_text()
+    celery_module = (EXAMPLE / "proj" / "celery.py").read_text()
+    refusal = (EXAMPLE / "unled-beat-refusal.txt").read_text()
     assert settings.startswith("# settings.py") and celery_module.startswith("# proj/celery.py")
     project = tmp_path / "proj"
     project.mkdir()
