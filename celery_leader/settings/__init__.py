@@ -23,6 +23,14 @@ Modules, one concern each:
 
 from __future__ import annotations
 
+# isort: off
+# The election's settings are declared in this order, which the settings reference keeps:
+# where the lease lives, what the election is called, its timing (the rest follows).
+import celery_leader.settings.store
+import celery_leader.settings.names
+import celery_leader.settings.timing  # noqa: F401 - imported for its declarations
+
+# isort: on
 from celery_leader.settings.app import (
     AppSettings,
     ElectionSettings,
