@@ -188,3 +188,41 @@ def test_the_reference_prints_as_a_module():
     )
     assert done.stdout == render_markdown()
     assert done.stderr == ""
+
+
+WITHOUT_EXTRA = """
+import logging
+import sys
+from celery_leader.exceptions import ConfigurationError
+from celery_leader.settings import known_names, load_app_settings
+
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+assert {"leader_azure_account_url", "leader_azure_watch_interval"} <= known_names()
+assert "celery_leader.stores.azure_blob" not in sys.modules, "its import failed: no extra"
+load_app_settings({"broker_url": "redis://h/0", "leader_azure_watch_interval": 2}, "proj")
+try:
+    load_app_settings({"broker_url": "redis://h/0", "leader_azure_watch_interval": 0}, "proj")
+except ConfigurationError as exc:
+    print(exc)
+"""
+
+
+def test_a_store_without_its_extra_still_declares_and_checks_its_settings(tmp_path):
+    """Without the azure extra, its settings are known (no warning) and a bad value is refused."""
+    package = tmp_path / "azure"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise ImportError(\"No module named 'azure'\")\n")
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_EXTRA],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path), "PATH": ""},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "", "no warning: the keys are settings"
+    assert done.stdout == (
+        "leader_azure_watch_interval=0 is not allowed: it must be a number of seconds > 0\n"
+    )

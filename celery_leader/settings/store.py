@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from celery_leader._catalogue import Owner, Setting, register
+from celery_leader._catalogue import Owner, Setting, check, register
 from celery_leader._masking import mask_url
 from celery_leader.exceptions import ConfigurationError
 from celery_leader.settings.catalogue import store_entries
@@ -80,14 +80,14 @@ def store_options(conf: Mapping[str, Any], url: str) -> dict[str, Any]:
     """The store settings *conf* gives, checked, by name: what the store of *url* is opened with.
 
     Every store's settings are checked, also those of a store other than the
-    one in use: a bad value is reported at start, before it is ever used.
+    one in use or one whose extra is not installed: a bad value is reported
+    at start, before it is ever used.
     Values the store takes from the broker's settings
     (:class:`~celery_leader.stores.base.BrokerOptions`) fill in those not set.
     """
+    entries = store_entries(conf)
     given = {
-        setting.name: value
-        for setting in store_entries(conf)
-        if (value := setting.given(conf)) is not None
+        setting.name: value for setting in entries if (value := setting.given(conf)) is not None
     }
     cls = store_class(url)
     transport = conf.get("broker_transport_options") or {}
@@ -98,5 +98,8 @@ def store_options(conf: Mapping[str, Any], url: str) -> dict[str, Any]:
         and isinstance(broker, str)
     ):
         given = {**cls.options_from_broker(url, broker, transport), **given}
+    # Each entry checks its value, also a store's whose extra is not installed (its class
+    # cannot load); then the store classes check what they check beyond single values.
+    check(entries, given)
     validate_store_options(url, given)
     return {name: value for name, value in given.items() if value}
