@@ -61,7 +61,8 @@ class Setting(Generic[_T]):
     line that starts ``<name>=<value> is not allowed`` and says what is
     (secrets are never echoed). The text fields are for people: the
     settings reference (:mod:`celery_leader.settings.reference`) prints
-    them as they are.
+    them as they are, so they are written in Markdown (`code` in single
+    backticks).
     """
 
     name: str

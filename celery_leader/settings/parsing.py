@@ -44,8 +44,8 @@ def true_or_false(name: str, value: Any) -> bool:
 
 
 def tcp_port(name: str, value: Any) -> int | None:
-    """A TCP port number, 1..65535; 0 is no port (None)."""
-    if value == 0 and not isinstance(value, bool):
+    """A TCP port number, 1..65535; 0 (or False) is no port (None)."""
+    if value == 0:
         return None
     try:
         # A whole number, also as text from an environment ("9101"); never a bool or 0.5.
