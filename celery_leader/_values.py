@@ -1,13 +1,12 @@
-"""Setting values read the same way by settings and by each store's own checks.
+"""Parsers of setting values that both the settings and the stores' own entries use.
 
 Stores may not import :mod:`celery_leader.settings` (they sit below it), so
-the readers both need live here, with the messages users see.
+the parsers both need live here, with the messages users see.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 from celery_leader.exceptions import ConfigurationError
@@ -37,14 +36,3 @@ def positive_seconds(key: str, value: Any) -> float:
             f"{key}={number:g} is not allowed: it must be a number of seconds > 0"
         )
     return number
-
-
-def seconds(values: Mapping[str, Any], key: str, default: float | None) -> float | None:
-    """*key* of *values* as a finite number of seconds; *default* when absent.
-
-    Raises :class:`ConfigurationError` naming the key and what is allowed.
-    """
-    value = values.get(key)
-    if value is None:
-        return default
-    return seconds_value(key, value)
