@@ -4,9 +4,10 @@ The package, floor by floor; each imports only from the floors above it
 (``tests/package/test_layers.py`` checks the rules marked *checked*):
 
 * ``stores/``: lease stores, I/O only, one module per store chosen by URL
-  scheme; the token and hold-off rules (``stores/rules.py``). *Checked*:
-  imports only ``exceptions``, ``clock``, ``_masking``, ``_values``; no
-  Celery.
+  scheme; the token and hold-off rules (``stores/rules.py``); each store
+  declares its own settings. *Checked*: imports only ``exceptions``,
+  ``clock``, ``_masking``, ``_values``, ``_catalogue`` (what a setting is);
+  no Celery.
 * ``lease/``: one lease, no Celery: :class:`~celery_leader.lease.LeaseManager`,
   its timing and its bounded store calls. *Checked*: above stores only.
 * ``elections/``: the elections a process takes part in, no Celery: the
@@ -27,9 +28,11 @@ The package, floor by floor; each imports only from the floors above it
   *Checked*: beat never imports ``worker/`` or the task side.
 * ``observe/``: metrics, health and their HTTP endpoint. *Checked*: never
   the worker, beat or the task side.
-* ``settings.py``: every ``leader_*`` key read once into settings objects,
-  the one place that derives a lease name or a queue.
-* ``cli.py``, ``demo/``, ``simulation/``, ``pytest_plugin.py``,
+* ``settings/``: the catalogue of ``leader_*`` settings (one entry each;
+  the stores declare theirs), read once into settings objects; the one
+  place that reads ``leader_*`` keys outside the stores, and that derives a
+  lease name or a queue.
+* ``cli/``, ``demo/``, ``simulation/``, ``pytest_plugin.py``,
   ``testing.py``: tools on top of everything.
 """
 

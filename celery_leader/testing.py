@@ -53,6 +53,7 @@ from typing import Any
 
 from celery_leader import clock
 from celery_leader.elections.shared_lease import SharedLease
+from celery_leader.settings.store import BACKEND_URL
 from celery_leader.stores.memory import reset_memory_stores
 from celery_leader.tasks import runtime
 
@@ -161,7 +162,7 @@ def start_leader_worker(
 
     conf = app.conf
     added_step = LeaderElection not in app.steps["worker"]
-    previous_url = conf.get("leader_backend_url")
+    previous_url = BACKEND_URL.given(conf)
     previous_transport_options = conf.broker_transport_options
     previous_coordinator = current_coordinator()
     polls_faster = False

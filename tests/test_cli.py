@@ -16,7 +16,7 @@ import pytest
 
 import celery_leader
 from celery_leader import cli
-from celery_leader.cli_schedule import SCHEDULE_SHORT_HELP
+from celery_leader.cli.schedule import SCHEDULE_SHORT_HELP
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
 from harness.servers import RedisServer, free_port

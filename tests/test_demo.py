@@ -91,7 +91,7 @@ def test_demo_on_redis_honours_ttl_with_quick_and_drops_the_footnote(tmp_path):
 
 def test_demo_options_all_have_help():
     """`celery-leader demo --help` explains every option; --broker with --lease-only is refused."""
-    from celery_leader.__main__ import demo
+    from celery_leader.cli.demo import demo
 
     options = [param for param in demo.params if isinstance(param, click.Option)]
     assert options and all(option.help for option in options), "an option without a help text"

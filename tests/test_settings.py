@@ -197,12 +197,12 @@ def test_every_documented_key_is_known():
     """The settings reference's table and the keys the code reads are the same set."""
     from pathlib import Path
 
-    from celery_leader.settings import KNOWN_KEYS
+    from celery_leader.settings import known_names
 
     page = Path(__file__).resolve().parents[1] / "docs" / "reference" / "settings.md"
     table = page.read_text()
     documented = set(re.findall(r"^\| `(leader_[a-z_]+)` \|", table, flags=re.MULTILINE))
-    assert documented == set(KNOWN_KEYS)
+    assert documented == set(known_names())
 
 
 def test_one_settings_object_per_process_with_one_entry_per_election():
@@ -290,3 +290,36 @@ def test_leader_beat_unled_is_named_as_written_under_a_namespace():
     with pytest.raises(ConfigurationError) as caught:
         beat_unled(app.conf)
     assert str(caught.value).startswith("CELERY_LEADER_BEAT_UNLED='no' is not allowed")
+
+
+def test_a_too_short_ttl_blames_the_ttl_and_names_the_lowest_usable_one():
+    """leader_lease_ttl=0.05 alone: the error names the ttl, the margin's default, and 0.2 s."""
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings(conf(leader_lease_ttl=0.05), "proj")
+    message = str(caught.value)
+    assert message.startswith("leader_lease_ttl=0.05 is not allowed"), message
+    assert "leader_lease_margin, which is not set and takes its default" in message
+    assert message.endswith("the lowest usable ttl for a margin of 0.05 s is 0.2 s")
+    assert load_settings(conf(leader_lease_ttl=0.2), "proj").timing.ttl == 0.2, "0.2 s is usable"
+
+
+def test_a_margin_too_large_for_the_ttl_names_the_lowest_ttl_for_it():
+    """A margin set above ttl/4 is blamed (it was set), with the lowest ttl it allows."""
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings(conf(leader_lease_ttl=2, leader_lease_margin=1), "proj")
+    message = str(caught.value)
+    assert message.startswith("leader_lease_margin=1 is not allowed with leader_lease_ttl=2")
+    assert message.endswith("the lowest usable ttl for a margin of 1 s is 4 s")
+    assert load_settings(conf(leader_lease_ttl=4, leader_lease_margin=1), "proj").timing.ttl == 4
+
+
+def test_a_too_short_ttl_is_named_as_written_under_a_namespace():
+    """Under Django's namespace the ttl is CELERY_LEADER_LEASE_TTL in that error too."""
+    from celery import Celery
+
+    app = Celery("proj", set_as_current=False)
+    app.config_from_object(_DjangoStyleSettings, namespace="CELERY")
+    app.conf.CELERY_LEADER_LEASE_TTL = 0.05
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings(app.conf, "proj")
+    assert str(caught.value).startswith("CELERY_LEADER_LEASE_TTL=0.05 is not allowed")

@@ -36,7 +36,8 @@ from celery import signals
 from celery.utils.imports import load_extension_class_names
 
 from celery_leader.exceptions import ConfigurationError
-from celery_leader.settings import KNOWN_KEYS, beat_unled, spelled
+from celery_leader.settings import beat_unled, given_settings, spelled
+from celery_leader.settings.beat import BEAT_UNLED
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ _LEADER_SCHEDULER_NAMES = frozenset(
     {"celery_leader.beat.LeaderScheduler", "celery_leader.beat.scheduler.LeaderScheduler"}
 )
 #: The setting that lets a beat run unled; it does not make leader settings present.
-UNLED_KEY = "leader_beat_unled"
+UNLED_KEY = BEAT_UNLED.name
 
 
 class BeatRefused(SystemExit):
@@ -83,17 +84,16 @@ def written(conf: Any, key: str) -> str:
 
 def beat_meant_to_be_led(conf: Any) -> bool:
     """True when *conf* names LeaderScheduler or sets a ``leader_beat_*`` setting (module doc)."""
-    for key in KNOWN_KEYS - {UNLED_KEY}:
-        if key.startswith("leader_beat_") and conf.get(key) not in (None, ""):
-            return True
+    given = set(given_settings(conf)) - {UNLED_KEY}
+    if any(name.startswith("leader_beat_") for name in given):
+        return True
     return _names_leader_scheduler(conf.get("beat_scheduler"))
 
 
 def leader_settings_present(conf: Any) -> bool:
     """True when *conf* sets a celery-leader setting or names LeaderScheduler (module doc)."""
-    for key in KNOWN_KEYS - {UNLED_KEY}:
-        if conf.get(key) not in (None, ""):
-            return True
+    if set(given_settings(conf)) - {UNLED_KEY}:
+        return True
     return _names_leader_scheduler(conf.get("beat_scheduler"))
 
 

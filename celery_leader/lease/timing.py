@@ -69,12 +69,25 @@ class LeaseTiming:
                 f"leader_lease_ttl={ttl:g}: it must be > 0 and < ttl/2 ({ttl / 2:g}) "
                 "so that a failed renewal can be retried before the lease runs out"
             )
+        margin_given = margin is not None
         if margin is None:
             margin = max(MIN_MARGIN, ttl * DEFAULT_DRIFT_FRACTION)
         if not 0 <= margin <= ttl / 4:
+            # The margin must fit in a quarter of the ttl: the lowest ttl it fits is 4 x margin.
+            lowest = f"the lowest usable ttl for a margin of {margin:g} s is {4 * margin:g} s"
+            if not margin_given:
+                # Only the ttl was set (a default margin never fails the default ttl): blame
+                # the ttl, not a margin the user never wrote.
+                raise ConfigurationError(
+                    f"leader_lease_ttl={ttl:g} is not allowed: it is too short for "
+                    f"leader_lease_margin, which is not set and takes its default "
+                    f"(max({MIN_MARGIN:g}, {DEFAULT_DRIFT_FRACTION:.0%} of ttl) = {margin:g} s); "
+                    f"{lowest}"
+                )
             raise ConfigurationError(
                 f"leader_lease_margin={margin:g} is not allowed with leader_lease_ttl={ttl:g}: "
                 f"it must be >= 0 and <= ttl/4 ({ttl / 4:g})"
+                + (f"; {lowest}" if margin > 0 else "")
             )
         if op_timeout is None:
             op_timeout = min(renew_interval / 2, MAX_DEFAULT_OP_TIMEOUT)

@@ -27,10 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Seconds a loop may stand still before the process counts as stuck, unless
-#: ``leader_health_stuck_after`` says otherwise.
-DEFAULT_STUCK_AFTER = 60.0
-
 
 @dataclass(frozen=True)
 class Verdict:

@@ -9,9 +9,11 @@ third-party package can add one::
 A store class is called as ``cls.from_url(url, timeout=..., options=...)`` and
 declares what :class:`~celery_leader.stores.base.LeaseStoreClass` lists (its
 schemes, extra, ttl range, renew fraction, setting keys with their
-``validate_options``, and capabilities). Its acquire applies the rules of
-:mod:`celery_leader.stores.rules`; :mod:`celery_leader.stores.watch` runs its
-release watch.
+``validate_options``, and capabilities). A store's settings are declared in
+its module as catalogue entries (:class:`celery_leader._catalogue.Setting`),
+documented there and listed in the settings reference under the store. Its
+acquire applies the rules of :mod:`celery_leader.stores.rules`;
+:mod:`celery_leader.stores.watch` runs its release watch.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from celery_leader.stores.base import (
     AcquireRequest,
     AcquireResult,
     BatchCalls,
+    BrokerOptions,
     Capability,
     Holder,
     LeaseRecord,
@@ -37,6 +40,7 @@ __all__ = [
     "AcquireRequest",
     "AcquireResult",
     "BatchCalls",
+    "BrokerOptions",
     "Capability",
     "Holder",
     "LeaseRecord",

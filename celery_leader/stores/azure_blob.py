@@ -103,8 +103,9 @@ from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+from celery_leader._catalogue import Owner, Setting, check, names_of, register
 from celery_leader._masking import mask_text, mask_url
-from celery_leader._values import seconds
+from celery_leader._values import positive_seconds
 from celery_leader.exceptions import (
     ConfigurationError,
     StoreAuthError,
@@ -127,6 +128,68 @@ from celery_leader.stores.watch import poll
 #: The URL beginning this store serves, and the extra that installs the Azure SDK.
 SCHEMES = ("azureblob://",)
 EXTRA = "azure"
+DEFAULT_WATCH_INTERVAL = 0.5
+
+
+# The store's settings are declared before the SDK is imported: a project that sets them
+# without the extra installed still has them known (and checked) as settings.
+def _connection_string(name: str, value: Any) -> str:
+    # Named by type only: the connection string holds the account key.
+    if not isinstance(value, str):
+        raise ConfigurationError(
+            f"{name} ({type(value).__name__}) is not allowed: it must be an Azure Storage "
+            "connection string"
+        )
+    return value
+
+
+def _is_http_url(value: object) -> bool:
+    return isinstance(value, str) and urlsplit(value).scheme in ("https", "http")
+
+
+def _account_url(name: str, value: Any) -> str:
+    if not _is_http_url(value):
+        raise ConfigurationError(
+            f"{name}={mask_url(str(value))!r} is not allowed: it must be the account's blob "
+            "endpoint, https://<account>.blob.core.windows.net"
+        )
+    return str(value)
+
+
+CONNECTION_STRING: Setting[str] = Setting(
+    "leader_azure_connection_string",
+    Owner.STORE,
+    default="the `AZURE_STORAGE_CONNECTION_STRING` environment variable",
+    allowed="an Azure Storage connection string (a secret: never printed)",
+    description="The Azure Storage account that holds the lease blobs.",
+    parse=_connection_string,
+    store=SCHEMES[0],
+)
+ACCOUNT_URL: Setting[str] = Setting(
+    "leader_azure_account_url",
+    Owner.STORE,
+    default="none",
+    allowed="`https://<account>.blob.core.windows.net`",
+    description=(
+        "The account's blob endpoint, used with `DefaultAzureCredential` (azure-identity) when "
+        "no connection string is given."
+    ),
+    parse=_account_url,
+    store=SCHEMES[0],
+)
+WATCH_INTERVAL: Setting[float] = Setting(
+    "leader_azure_watch_interval",
+    Owner.STORE,
+    default=f"{DEFAULT_WATCH_INTERVAL:g} seconds",
+    allowed="a number of seconds > 0",
+    description=(
+        "How often standbys look for a released lease (Azure has no notifications): a "
+        "release is seen within about this long."
+    ),
+    parse=positive_seconds,
+    store=SCHEMES[0],
+)
+SETTINGS = register(CONNECTION_STRING, ACCOUNT_URL, WATCH_INTERVAL)
 
 try:
     from azure.core import MatchConditions
@@ -148,7 +211,6 @@ logger = logging.getLogger(__name__)
 
 #: Azure's allowed lease lengths, seconds.
 AZURE_TTL_RANGE = (15.0, 60.0)
-DEFAULT_WATCH_INTERVAL = 0.5
 #: The blob metadata key that holds the time of the holder's last acquire or renewal
 #: (Azure's clock, unix seconds): Azure keeps no such time for a lease.
 RENEWED_KEY = "renewed_at"
@@ -237,10 +299,6 @@ class _AzureClock:
         return time.time()
 
 
-def _is_http_url(value: object) -> bool:
-    return isinstance(value, str) and urlsplit(value).scheme in ("https", "http")
-
-
 def _as_dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
@@ -326,13 +384,7 @@ class AzureBlobLeaseStore:
     extra: ClassVar[str | None] = EXTRA
     ttl_range: ClassVar[tuple[float | None, float | None]] = AZURE_TTL_RANGE
     default_renew_fraction: ClassVar[float] = 0.25
-    option_keys: ClassVar[frozenset[str]] = frozenset(
-        {
-            "leader_azure_connection_string",
-            "leader_azure_account_url",
-            "leader_azure_watch_interval",
-        }
-    )
+    option_keys: ClassVar[frozenset[str]] = names_of(SETTINGS)
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
@@ -340,24 +392,7 @@ class AzureBlobLeaseStore:
 
         The connection string is never echoed: it holds the account key.
         """
-        secret = options.get("leader_azure_connection_string")
-        if secret is not None and not isinstance(secret, str):
-            raise ConfigurationError(
-                f"leader_azure_connection_string ({type(secret).__name__}) is not allowed: it "
-                "must be an Azure Storage connection string"
-            )
-        account_url = options.get("leader_azure_account_url")
-        if account_url not in (None, "") and not _is_http_url(account_url):
-            raise ConfigurationError(
-                f"leader_azure_account_url={mask_url(str(account_url))!r} is not allowed: it "
-                "must be the account's blob endpoint, https://<account>.blob.core.windows.net"
-            )
-        interval = seconds(options, "leader_azure_watch_interval", None)
-        if interval is not None and interval <= 0:
-            raise ConfigurationError(
-                f"leader_azure_watch_interval={interval:g} is not allowed: it must be a number "
-                "of seconds > 0"
-            )
+        check(SETTINGS, options)
 
     def __init__(
         self,
@@ -401,10 +436,10 @@ class AzureBlobLeaseStore:
             "connection_timeout": timeout,
             "read_timeout": timeout,
         }
-        connection_string = options.get("leader_azure_connection_string") or os.environ.get(
+        connection_string = CONNECTION_STRING.read(options) or os.environ.get(
             "AZURE_STORAGE_CONNECTION_STRING"
         )
-        account_url = options.get("leader_azure_account_url")
+        account_url = ACCOUNT_URL.read(options)
         try:
             if connection_string:
                 service = BlobServiceClient.from_connection_string(
@@ -424,7 +459,7 @@ class AzureBlobLeaseStore:
             raise ConfigurationError(
                 f"leader_azure_connection_string is not usable: {mask_text(str(exc))}"
             ) from None
-        interval = float(options.get("leader_azure_watch_interval") or DEFAULT_WATCH_INTERVAL)
+        interval = WATCH_INTERVAL.read_or(options, DEFAULT_WATCH_INTERVAL)
         return cls(service, container, prefix, url, timeout=timeout, watch_interval=interval)
 
     # -- plumbing -------------------------------------------------------------

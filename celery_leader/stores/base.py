@@ -153,6 +153,25 @@ class ServerLimits(Protocol):
         """
 
 
+@runtime_checkable
+class BrokerOptions(Protocol):
+    """An optional part a store class may offer: options it takes from the broker's settings.
+
+    Celery's broker on the same servers may already say what the store
+    needs (a Sentinel broker's ``master_name``); the settings ask the store
+    class for those values when its own keys are not set.
+    """
+
+    def options_from_broker(
+        self, url: str, broker_url: str, transport_options: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The store options *url* takes from the broker (``broker_url``, its transport options).
+
+        Keyed by setting name; empty when the broker is not on the store's
+        servers, so that no credential travels to servers it was not meant for.
+        """
+
+
 class AcquireRequest(NamedTuple):
     """One :meth:`LeaseStore.acquire` inside a :meth:`BatchCalls.call_many`."""
 
@@ -306,7 +325,9 @@ class LeaseStoreClass(Protocol):
     ttl_range: tuple[float | None, float | None]
     #: The renew interval, as a fraction of the ttl, when ``leader_renew_interval`` is unset.
     default_renew_fraction: float
-    #: The ``leader_*`` setting keys the store reads from its options.
+    #: The ``leader_*`` setting keys the store reads from its options. Each is
+    #: declared, with its parser and documentation, as a catalogue entry in the
+    #: store's module (:class:`celery_leader._catalogue.Setting`, owner ``STORE``).
     option_keys: frozenset[str]
 
     def validate_options(self, options: Mapping[str, Any]) -> None:

@@ -160,6 +160,20 @@ def validate_store_options(url: str, options: Mapping[str, Any]) -> None:
             cls.validate_options(options)
 
 
+def load_every_store() -> None:
+    """Import the module of every registered store, so that each declares its settings.
+
+    A store declares its setting entries when its module is imported, before
+    it imports its SDK: a store whose extra is not installed declares them
+    all the same. A module that fails otherwise is passed over.
+    """
+    for path in dict.fromkeys(_store_paths().values()):
+        try:
+            import_module(path.partition(":")[0])
+        except Exception:  # noqa: BLE001,S112 - a store that cannot load is not ours to report here
+            continue
+
+
 def open_store(url: str, *, timeout: float, options: Mapping[str, Any] | None = None) -> LeaseStore:
     """Open the store for *url*; every call on it is bounded by *timeout* seconds.
 

@@ -50,9 +50,10 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
+from celery_leader._catalogue import Owner, Setting, check, names_of, register
 from celery_leader._masking import mask_url, split_urls
 from celery_leader.exceptions import ConfigurationError
-from celery_leader.stores.base import LeaseStoreClass
+from celery_leader.stores.base import BrokerOptions, LeaseStoreClass
 from celery_leader.stores.redis import RedisLeaseStore
 
 logger = logging.getLogger(__name__)
@@ -61,10 +62,58 @@ logger = logging.getLogger(__name__)
 _CHECKED: set[str] = set()
 _CHECKED_LOCK = threading.Lock()
 
+#: The URL beginning this store serves.
+SCHEME = "sentinel://"
+
+
+def _master_name(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ConfigurationError(
+            f"{name}={value!r} is not allowed: it must be the name the sentinels monitor the "
+            "primary under (a non-empty string)"
+        )
+    return value
+
+
+def _sentinel_kwargs(name: str, value: Any) -> Mapping[str, Any]:
+    # Named by type only: the mapping may hold the sentinels' password.
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(
+            f"{name} ({type(value).__name__}) is not allowed: it must be a mapping of "
+            "connection options for the sentinels"
+        )
+    return value
+
+
 #: The store option naming the primary when the URL does not.
-MASTER_NAME = "leader_sentinel_master_name"
+MASTER_NAME_SETTING: Setting[str] = Setting(
+    "leader_sentinel_master_name",
+    Owner.STORE,
+    default="`broker_transport_options['master_name']` when the broker uses the same sentinels",
+    allowed="a non-empty string",
+    description=(
+        "The name the sentinels monitor the primary under, for a `sentinel://` URL without "
+        "`?master_name=`."
+    ),
+    parse=_master_name,
+    store=SCHEME,
+)
 #: Options for the connections to the sentinels themselves (a password of their own).
-SENTINEL_KWARGS = "leader_sentinel_kwargs"
+SENTINEL_KWARGS_SETTING: Setting[Mapping[str, Any]] = Setting(
+    "leader_sentinel_kwargs",
+    Owner.STORE,
+    default="`broker_transport_options['sentinel_kwargs']` when the broker uses the same sentinels",
+    allowed="a mapping of connection options",
+    description=(
+        "Connection options for the sentinels themselves, e.g. their own `password` (the "
+        "URL's password is the primary's)."
+    ),
+    parse=_sentinel_kwargs,
+    store=SCHEME,
+)
+SETTINGS = register(MASTER_NAME_SETTING, SENTINEL_KWARGS_SETTING)
+MASTER_NAME = MASTER_NAME_SETTING.name
+SENTINEL_KWARGS = SENTINEL_KWARGS_SETTING.name
 
 
 class SentinelURL(NamedTuple):
@@ -126,24 +175,33 @@ def _bad_url(url: str, why: str) -> str:
 class SentinelLeaseStore(RedisLeaseStore):
     """The Redis store on the primary the sentinels name; see the module docstring."""
 
-    schemes: ClassVar[tuple[str, ...]] = ("sentinel://",)
-    option_keys: ClassVar[frozenset[str]] = frozenset({MASTER_NAME, SENTINEL_KWARGS})
+    schemes: ClassVar[tuple[str, ...]] = (SCHEME,)
+    option_keys: ClassVar[frozenset[str]] = names_of(SETTINGS)
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
         """Check ``leader_sentinel_master_name`` and ``leader_sentinel_kwargs``."""
-        name = options.get(MASTER_NAME)
-        if name is not None and (not isinstance(name, str) or not name):
-            raise ConfigurationError(
-                f"{MASTER_NAME}={name!r} is not allowed: it must be the name the sentinels "
-                "monitor the primary under (a non-empty string)"
-            )
-        kwargs = options.get(SENTINEL_KWARGS)
-        if kwargs is not None and not isinstance(kwargs, Mapping):
-            raise ConfigurationError(
-                f"{SENTINEL_KWARGS} ({type(kwargs).__name__}) is not allowed: it must be a "
-                "mapping of connection options for the sentinels"
-            )
+        check(SETTINGS, options)
+
+    @classmethod
+    def options_from_broker(
+        cls, url: str, broker_url: str, transport_options: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The primary's name and the sentinels' options of a Sentinel broker on *url*'s sentinels.
+
+        Celery's Sentinel broker reads them from ``broker_transport_options``.
+        Only for the broker's own sentinels: another deployment's name and
+        password would be wrong, and the password must not travel to
+        sentinels it was not meant for.
+        """
+        if _sentinel_hosts(url) is None or _sentinel_hosts(broker_url) != _sentinel_hosts(url):
+            return {}
+        found: dict[str, Any] = {}
+        if transport_options.get("master_name"):
+            found[MASTER_NAME] = transport_options["master_name"]
+        if transport_options.get("sentinel_kwargs"):
+            found[SENTINEL_KWARGS] = transport_options["sentinel_kwargs"]
+        return found
 
     @classmethod
     def from_url(
@@ -234,5 +292,16 @@ def check_fencing(client: redis.Redis, master_name: str) -> None:
         )
 
 
+def _sentinel_hosts(url: str) -> frozenset[tuple[str, int]] | None:
+    """The sentinels a ``sentinel://`` URL lists; None for any other URL or a bad one."""
+    if urlsplit(url).scheme != "sentinel":
+        return None
+    try:
+        return frozenset(parse_sentinel_url(url).sentinels)
+    except ConfigurationError:
+        return None
+
+
 #: The class declares what the registry, the settings and the tests read (checked by mypy).
 _DECLARES: LeaseStoreClass = SentinelLeaseStore
+_TAKES_BROKER_OPTIONS: BrokerOptions = SentinelLeaseStore

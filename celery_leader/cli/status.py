@@ -1,24 +1,9 @@
-"""``celery -A proj leader status|step-down``: who leads, and handing over.
+"""``celery -A proj leader status``: who holds an election's lease, and whether it leads yet.
 
-Registered as a Celery CLI plugin (entry point group ``celery.commands``) and
-built the way Celery builds its own commands (``celery inspect``, ``celery
-purge``): :class:`~celery.bin.base.CeleryCommand` with options grouped by
-``help_group`` (:class:`~celery.bin.base.CeleryOption`), preload options handed to
-``user_preload_options``, and ``-C/--no-color`` respected. Only names Celery
-5.3.0 already had are used.
-
-Errors are one line on stderr in the form a worker stops with over the same
-problem, ``Error: celery-leader: <message>`` (``Error`` in red on a terminal).
-
-Exit codes (each command's ``--help`` lists its own): ``status`` 0 when
-somebody holds the lease (also a holder still in the hold-off of a new or
-emptied store, which does not lead yet: the output says so), 1 when nobody
-does; ``step-down`` 0 when the lease was released, 1 when no leader
-held it (or it was not released in time), 3 when the leader keeps the lease
-because leader tasks of its term still run in a pool that cannot stop them
-(threads, solo, gevent, eventlet: it releases when they end); both 2 when the
-store cannot be read (one line on stderr, no traceback). Store URLs and error
-messages are printed with secrets masked.
+Exit codes: 0 when somebody holds the lease (also a holder still in the
+hold-off of a new or emptied store, which does not lead yet: the output says
+so), 1 when nobody does, 2 when the store cannot be read (one line on
+stderr, no traceback). The store URL is printed with secrets masked.
 """
 
 from __future__ import annotations
@@ -26,31 +11,16 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import click
-from celery.bin.base import CeleryCommand, CeleryOption, handle_preload_options
+from celery.bin.base import CeleryCommand, CeleryOption
 
-# Celery's own ``celery`` group is a DYMGroup, so ``celery leader stauts``
-# suggests ``status`` as ``celery inspct`` suggests ``inspect``; Celery
-# imports this package unconditionally, so it is there whenever we are.
-from click_didyoumean import DYMGroup  # type: ignore[import-untyped]
-
-# The shared parts, imported by name: the commands below and their tests use them as cli.*.
-from celery_leader.cli_support import (
-    EXIT_DRAINING,
-    EXIT_LEADER,
-    EXIT_NO_LEADER,
-    _fail,
-    _open,
-    _read,
-    write_slot,
-)
+from celery_leader.cli.support import EXIT_LEADER, EXIT_NO_LEADER, _open, _read
 from celery_leader.exceptions import StoreError
 from celery_leader.settings import AppSettings, LeaderSettings
-from celery_leader.stores.base import Holder, LeaseRecord, LeaseStore, TokenHistory
+from celery_leader.stores.base import LeaseRecord, LeaseStore, TokenHistory
 
 logger = logging.getLogger(__name__)
 
@@ -59,16 +29,11 @@ logger = logging.getLogger(__name__)
 #: renewal's own round trip and for a store clock read in whole seconds (Azure).
 OVERDUE_AFTER_INTERVALS = 1.5
 
-_Callback = TypeVar("_Callback", bound=Callable[..., Any])
-
-
-# Help texts and hints, in one place so the wording is reviewed together. Each
-# command sets short_help: click would otherwise cut the docstring's first
-# sentence to fit ``celery leader --help``. A ``\b`` paragraph keeps click from
-# rewrapping the exit-code table in ``--help``.
-GROUP_SHORT_HELP = "Leader election: who leads, and handing over."
+# Help texts and hints, in one place so the wording is reviewed together. The command
+# sets short_help: click would otherwise cut the docstring's first sentence to fit
+# ``celery leader --help``. A ``\b`` paragraph keeps click from rewrapping the exit-code
+# table in ``--help``.
 STATUS_SHORT_HELP = "Show who holds the lease (exit 0), or that none does (1)."
-STEP_DOWN_SHORT_HELP = "Ask the leader to release so that another worker leads."
 STATUS_EXIT_CODES = """\
 \b
 Exit codes:
@@ -78,16 +43,6 @@ Exit codes:
   1  nobody holds the lease
   2  the store cannot be read (unreachable, wrong credentials, bad
      leader_* settings), or the command line is wrong
-"""
-STEP_DOWN_EXIT_CODES = """\
-\b
-Exit codes:
-  0  the lease was released (who leads now is printed)
-  1  no leader held the lease, or it was not released within --timeout
-  2  the store or the broker cannot be reached, or the command line is wrong
-  3  the leader stopped taking leader work but keeps the lease until
-     leader tasks its pool cannot stop (threads, solo, gevent, eventlet)
-     have ended; it releases then (workers only)
 """
 #: Said when no worker ever held the workers' lease in this store.
 HINT_NO_WORKER = (
@@ -104,11 +59,6 @@ HOLD_OFF_REASON = (
     "a new or emptied store makes its first holder wait one ttl before it leads "
     "(an earlier leader may still act)"
 )
-
-
-def _preload_options(callback: _Callback) -> _Callback:
-    """Celery's ``handle_preload_options``, typed (Celery ships no annotations)."""
-    return cast("_Callback", handle_preload_options(callback))
 
 
 def _ever_held(ctx: click.Context, store: LeaseStore, name: str) -> bool | None:
@@ -320,33 +270,7 @@ def _human(payload: dict[str, Any], *, hint: str) -> str:
     return "\n".join(lines)
 
 
-def _draining(ctx: click.Context, nodename: str, election: str | None = None) -> int:
-    """How many leader tasks *nodename* still waits for while stepping down (0 if unknown)."""
-    try:
-        inspect = ctx.obj.app.control.inspect(destination=[nodename], timeout=2.0)
-        replies = inspect._request("leader") or {}  # a plugin command: no method of its own
-    except Exception:  # noqa: BLE001 - only a hint for the message
-        return 0
-    view = replies.get(nodename) or {}
-    if election:
-        view = (view.get("elections") or {}).get(election) or {}
-    return int(view.get("draining") or 0) if view.get("stepping_down") else 0
-
-
-# Celery adds the app's preload options (app.user_options["preload"]) to each
-# of its top-level commands, this group included: they arrive in **kwargs and
-# go on to the user_preload_options signal, as for Celery's own commands.
-@click.group(name="leader", cls=cast("type[click.Group]", DYMGroup), short_help=GROUP_SHORT_HELP)
-@click.pass_context
-@_preload_options
-def leader(ctx: click.Context, /, **kwargs: Any) -> None:
-    """Leader election: who leads, and handing leadership over.
-
-    Each command's --help lists its exit codes.
-    """
-
-
-@leader.command(cls=CeleryCommand, short_help=STATUS_SHORT_HELP, epilog=STATUS_EXIT_CODES)
+@click.command(cls=CeleryCommand, short_help=STATUS_SHORT_HELP, epilog=STATUS_EXIT_CODES)
 @click.option(
     "-j",
     "--json",
@@ -411,176 +335,3 @@ def status(ctx: click.Context, as_json: bool, beat: bool, election: str | None) 
     ctx.obj.echo(json.dumps(payload) if as_json else _human(payload, hint=hint))
     # The contract's codes: 0 while somebody holds the lease (also in its hold-off).
     ctx.exit(EXIT_LEADER if payload["leader"] is not None else EXIT_NO_LEADER)
-
-
-@leader.command(
-    "step-down", cls=CeleryCommand, short_help=STEP_DOWN_SHORT_HELP, epilog=STEP_DOWN_EXIT_CODES
-)
-@click.option(
-    "-t",
-    "--timeout",
-    cls=CeleryOption,
-    default=10.0,
-    show_default=True,
-    type=click.FloatRange(0.5, 300),
-    help_group="Step-down Options",
-    help="Seconds to wait for the release.",
-)
-@click.option(
-    "--beat",
-    cls=CeleryOption,
-    is_flag=True,
-    help_group="Step-down Options",
-    help=(
-        "Step beat's leader down instead of the workers': the beat that sends releases "
-        "beat's lease and sits out one ttl, so that another beat sends."
-    ),
-)
-@click.option(
-    "--election",
-    cls=CeleryOption,
-    default=None,
-    help_group="Step-down Options",
-    help="Step down the holder of this named election instead of the default one's.",
-)
-@click.pass_context
-def step_down(ctx: click.Context, timeout: float, beat: bool, election: str | None) -> None:
-    """Ask the current leader to stop leader work and release; another worker takes over.
-
-    Only the worker holding the lease acts: it stops taking leader work,
-    stops its leader tasks per leader_on_loss, releases the lease and sits
-    out one ttl so that a standby leads. Waits for the release, then prints
-    who stepped down and who leads now.
-
-    With --beat, the beat holding beat's lease does the same: it reads the
-    request from the lease store (beat listens to no broker queue), at most
-    a second after it was written while it sends, releases once no send of
-    its term may still land unrecorded, and sits out one ttl.
-    """
-    _, settings, store = _open(ctx, beat=beat, election=election)
-    try:
-        record = _read(ctx, store, settings.name)
-        if record is None:
-            who = "beat leader" if beat else "leader"
-            ctx.obj.echo(f"no {who} holds election {settings.name!r}")
-            ctx.exit(EXIT_NO_LEADER)
-        deadline = time.monotonic() + timeout
-        if beat and record.hold_off > 0:
-            # It does not send yet, so it does not look for requests: one left now would
-            # be acted on only after this command gave up.
-            ctx.obj.echo(
-                f"{record.nodename} holds beat's lease but is holding off "
-                f"{record.hold_off:.1f} s more and sends nothing yet: ask again after that"
-            )
-            ctx.exit(EXIT_NO_LEADER)
-        if beat:
-            _ask_beat(ctx, store, settings, record, deadline)
-            replies: Any = None
-        else:
-            replies = _ask_worker(ctx, record, timeout, election)
-            deadline = time.monotonic() + timeout
-        successor = _await_release(ctx, store, settings.name, record, deadline)
-    finally:
-        store.close()
-    if successor is not None and successor.token == record.token:
-        if beat:
-            ctx.obj.echo(
-                f"{record.nodename} did not release within {timeout:g} s (a beat running "
-                "celery_leader.beat:LeaderScheduler looks for the request every second while "
-                "it sends)"
-            )
-            ctx.exit(EXIT_NO_LEADER)
-        draining = _draining(ctx, record.nodename, election)
-        if draining:
-            ctx.obj.echo(
-                f"{record.nodename} stopped taking leader work but keeps the lease: "
-                f"{draining} leader task(s) of term {record.token} still run and its pool "
-                "cannot stop them; it releases when they end"
-            )
-            ctx.exit(EXIT_DRAINING)
-        ctx.obj.echo(f"{record.nodename} did not release within {timeout:g} s (replies: {replies})")
-        ctx.exit(EXIT_NO_LEADER)
-    ctx.obj.echo(f"{record.nodename} stepped down (token {record.token})")
-    if successor is None:
-        standby = "another beat" if beat else "a standby"
-        ctx.obj.echo(f"now leading: nobody yet ({standby} takes over within moments)")
-    else:
-        ctx.obj.echo(f"now leading: {successor.nodename} (token {successor.token})")
-    ctx.exit(EXIT_LEADER)
-
-
-def _ask_worker(
-    ctx: click.Context, record: LeaseRecord, timeout: float, election: str | None = None
-) -> Any:
-    """Send the step-down control command to the worker holding the lease; its replies."""
-    try:
-        return ctx.obj.app.control.broadcast(
-            "leader_step_down",
-            arguments={"election": election} if election else None,
-            destination=[record.nodename],
-            reply=True,
-            timeout=min(timeout, 3.0),
-        )
-    except Exception as exc:  # noqa: BLE001 - any broker failure is one clear line
-        _fail(ctx, f"could not reach {record.nodename} through the broker: {exc}")
-
-
-def _ask_beat(
-    ctx: click.Context,
-    store: LeaseStore,
-    settings: LeaderSettings,
-    record: LeaseRecord,
-    deadline: float,
-) -> None:
-    """Write a step-down request for the term of *record* where the beat leader reads it.
-
-    Beat consumes no broker queue, so the request goes through the lease
-    store: into the state of a request slot beside beat's election
-    (:func:`celery_leader.beat.scheduler.step_down_channel`), which only a
-    lease holder may write. The command takes that slot's lease for the
-    moment of the write and releases it (a concurrent request waits for it).
-    The request names the term's token, so it can only end that term: a
-    beat elected since is left alone (a request read after this command
-    gave up may still end the term it names). Nothing here
-    touches beat's own lease; only its holder releases it.
-    """
-    # Imported here: every ``celery`` command loads this module, and only this one needs beat.
-    from celery_leader.beat.scheduler import (  # noqa: PLC0415
-        STEP_DOWN_KEY,
-        step_down_channel,
-        step_down_request,
-    )
-
-    channel = step_down_channel(settings.name)
-    asking = Holder.for_this_process(f"step-down-{Holder.for_this_process().nodename}")
-    value = step_down_request(record.token, asking.nodename)
-    write_slot(
-        ctx,
-        store,
-        settings,
-        slot=channel,
-        key=STEP_DOWN_KEY,
-        value=value,
-        deadline=deadline,
-        asking=asking,
-        what="step-down request",
-    )
-
-
-def _await_release(
-    ctx: click.Context, store: LeaseStore, name: str, record: LeaseRecord, deadline: float
-) -> LeaseRecord | None:
-    """The holder of *name* once the term of *record* ended, or that term's record at *deadline*."""
-    successor: LeaseRecord | None = record
-    while time.monotonic() < deadline:
-        successor = _read(ctx, store, name)
-        if successor is None or successor.token != record.token:
-            break
-        time.sleep(0.05)
-    return successor
-
-
-# The schedule commands live in their own module.
-from celery_leader.cli_schedule import schedule  # noqa: E402
-
-leader.add_command(schedule)

@@ -38,7 +38,7 @@ from celery_leader.beat.controls import (
     run_value,
     view_of,
 )
-from celery_leader.cli_support import (
+from celery_leader.cli.support import (
     EXIT_LEADER,
     EXIT_NO_LEADER,
     _call,
