@@ -27,12 +27,13 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx_click",
     "metrics_reference",
+    "settings_reference",
     "trim_includes",
 ]
 
 source_suffix = {".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "examples/**/README.md"]
+exclude_patterns = ["_build", "_generated", "examples/**/README.md"]
 # The page the benchmarks write, and the dashboard's notes, are Markdown like the rest.
 myst_enable_extensions = ["colon_fence", "deflist"]
 # Headings become link targets (``page.md#some-heading``), checked like any other link.
