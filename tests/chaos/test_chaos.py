@@ -13,12 +13,12 @@ SEED = 20261122
 @pytest.mark.slow
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
 def test_short_chaos_run(tmp_path, broker, capsys):
-    """75 s of seeded faults, each kind at least once (a broker restart included: for
+    """50 s of seeded faults, each kind at least once (a broker restart included: for
     RabbitMQ a private node's): no stale start, no stale write accepted, no run of a term
     still in flight when the next term's work began (but in a frozen worker), every run
     ended or gone, no two runs of one overlap key at once; RabbitMQ loses nothing (a
     skipped overlap message is not lost)."""
-    summary = run_chaos(ChaosConfig(seconds=75, seed=SEED, broker=broker), tmp_path)
+    summary = run_chaos(ChaosConfig(seconds=50, seed=SEED, broker=broker), tmp_path)
     print(summary.table())
     assert summary.violations() == []
     assert summary.terms >= 3, "the faults changed the leader several times"
@@ -33,10 +33,10 @@ def test_short_chaos_run(tmp_path, broker, capsys):
 
 @pytest.mark.slow
 def test_short_chaos_run_with_elections(tmp_path):
-    """60 s of the same faults with three elections balanced over the three workers (each
+    """45 s of the same faults with three elections balanced over the three workers (each
     fault hits the holder of an election drawn from the seed): each election's history,
     judged on its own, has no stale start, no stale write, no run across its term change."""
-    config = ChaosConfig(seconds=60, seed=SEED + 1, broker="redis", elections=("a", "b"))
+    config = ChaosConfig(seconds=45, seed=SEED + 1, broker="redis", elections=("a", "b"))
     summary = run_chaos(config, tmp_path)
     print(summary.table())
     assert summary.violations() == []
@@ -47,10 +47,10 @@ def test_short_chaos_run_with_elections(tmp_path):
 
 @pytest.mark.slow
 def test_short_chaos_run_on_etcd(tmp_path):
-    """60 s of the faults on a three-member etcd (the store faults: every member paused past
+    """45 s of the faults on a three-member etcd (the store faults: every member paused past
     the ttl, etcd's leader member killed and restarted, the cluster recreated empty):
     no stale start, no stale write, no run across a term change."""
-    config = ChaosConfig(seconds=60, seed=SEED + 2, broker="redis", store="etcd")
+    config = ChaosConfig(seconds=45, seed=SEED + 2, broker="redis", store="etcd")
     summary = run_chaos(config, tmp_path)
     print(summary.table())
     assert summary.violations() == []
