@@ -506,6 +506,6 @@ def test_metadata_names_the_project_urls() -> None:
     )
     home = "https://github.com/celery-leader/celery-leader"
     assert urls["Homepage"] == home
-    assert urls["Documentation"].startswith(home)
+    assert urls["Documentation"] == "https://celery-leader.readthedocs.io/"
     assert urls["Changelog"] == f"{home}/blob/main/CHANGELOG.md"
     assert urls["Issues"] == f"{home}/issues"
