@@ -30,6 +30,8 @@ _T = TypeVar("_T")
 
 #: What a setting may be called: Celery's lower-case keys, all under ``leader_``.
 NAME = re.compile(r"leader_[a-z][a-z0-9_]*")
+#: What a worker option may be called: all under ``--leader-``.
+OPTION = re.compile(r"--leader-[a-z][a-z0-9-]*")
 #: The namespace Django projects give Celery (``config_from_object(..., namespace="CELERY")``).
 DJANGO_PREFIX = "CELERY_"
 
@@ -77,12 +79,28 @@ class Setting(Generic[_T]):
     parse: Callable[[str, Any], _T] = field(compare=False, repr=False)
     store: str | None = None
     """The URL beginning of the store that reads it (``"azureblob://"``); None unless a store's."""
+    environment: str | None = None
+    """An environment variable that overrides the setting for one process (read at its start).
+
+    For a value each process of one app needs its own of (a port), where every
+    process reads the same app configuration.
+    """
+    option: str | None = None
+    """A ``celery worker`` option that overrides the setting and :attr:`environment` for one
+    worker (``--leader-metrics-port``); :func:`celery_leader.install` adds it to the app."""
 
     def __post_init__(self) -> None:
         if not NAME.fullmatch(self.name):
             raise ValueError(f"{self.name!r} is not a setting name: use leader_<lower_case>")
         if (self.owner is Owner.STORE) != (self.store is not None):
             raise ValueError(f"{self.name}: a store's setting names its store, no other does")
+        if self.option is not None and not OPTION.fullmatch(self.option):
+            raise ValueError(f"{self.name}: option {self.option!r} is not --leader-<lower-case>")
+
+    @property
+    def option_parameter(self) -> str | None:
+        """The keyword Celery passes :attr:`option`'s value under (``leader_metrics_port``)."""
+        return None if self.option is None else self.option[2:].replace("-", "_")
 
     @property
     def django_name(self) -> str:
@@ -108,6 +126,34 @@ class Setting(Generic[_T]):
         """:meth:`read`, with *fallback* when the setting is not set."""
         value = self.read(values)
         return fallback if value is None else value
+
+    def read_for_process(
+        self,
+        values: Mapping[str, Any],
+        environ: Mapping[str, str],
+        options: Mapping[str, Any],
+    ) -> tuple[_T | None, str]:
+        """The parsed value for this process, and the name it was given under.
+
+        The first given of: the worker option (its value in *options*, by
+        :attr:`option_parameter`), the environment variable (in *environ*),
+        the setting (in *values*). A bad value raises naming where it came
+        from (``--leader-metrics-port='x' is not allowed: ...``, ``environment
+        variable CELERY_LEADER_METRICS_PORT='x' is not allowed: ...``). With
+        none given, the value is None and the name the setting's.
+        """
+        parameter = self.option_parameter
+        if self.option is not None and parameter is not None:
+            given = options.get(parameter)
+            if not unset(given):
+                return self.parse(self.option, given), self.option
+        if self.environment is not None:
+            given = environ.get(self.environment)
+            if not unset(given):
+                # Said in full: under Django's namespace the setting has the variable's name.
+                named = f"environment variable {self.environment}"
+                return self.parse(named, given), named
+        return self.read(values), self.name
 
 
 _entries: dict[str, Setting[Any]] = {}

@@ -41,11 +41,63 @@ HANDOVER = re.compile(
 )
 #: The footnote that explains figures measured on kombu's polled filesystem broker.
 FOOTNOTE = "kombu's filesystem broker is polled"
+#: A line of the narrative: its stamp (seconds from the start) and its text.
+LINE = re.compile(r"^\[ *([\d.]+)s\] (.*)$", flags=re.MULTILINE)
+#: Stamps and the intervals between them are printed to 0.01 s: rounding both may differ by that.
+ROUNDING = 0.011
+
+
+def timeline(out: str) -> list[tuple[float, str]]:
+    """The narrative's lines as (stamp, text), in the order printed."""
+    return [(float(stamp), text) for stamp, text in LINE.findall(out)]
+
+
+def stamp_of(lines: list[tuple[float, str]], pattern: str) -> tuple[float, re.Match[str]]:
+    """The stamp of the one line matching *pattern*, and the match."""
+    found = [(at, m) for at, text in lines if (m := re.search(pattern, text))]
+    assert len(found) == 1, (pattern, lines)
+    return found[0]
+
+
+def check_timeline(out: str) -> None:
+    """Lines come in the order of their stamps, and each stamp is its event's own time: the
+    interval a line states is the one between its stamp and the stamp of its starting point."""
+    lines = timeline(out)
+    assert lines, out
+    stamps = [at for at, _ in lines]
+    assert stamps == sorted(stamps), "\n".join(f"[{at:6.2f}s] {text}" for at, text in lines)
+    killed, _ = stamp_of(lines, r"^SIGKILL ")
+    failover, m = stamp_of(lines, r"^failover: \S+ ran the leader task ([\d.]+) s after the kill")
+    assert abs(failover - killed - float(m.group(1))) <= ROUNDING, (killed, failover, m.group(0))
+    asked, _ = stamp_of(lines, r"^celery leader step-down: ")
+    released, m = stamp_of(lines, r"released the lease ([\d.]+) s after the request")
+    assert abs(released - asked - float(m.group(1))) <= ROUNDING, (asked, released, m.group(0))
+    holds, m = stamp_of(lines, r"holds the lease ([\d.]+) s after the release")
+    assert abs(holds - released - float(m.group(1))) <= ROUNDING, (released, holds, m.group(0))
+    handover, m = stamp_of(
+        lines, r"^handover: \S+ ran the leader task ([\d.]+) s after the release"
+    )
+    assert abs(handover - released - float(m.group(1))) <= ROUNDING, (
+        released,
+        handover,
+        m.group(0),
+    )
+
+
+def check_runs_per_worker(out: str, workers: set[str]) -> None:
+    """The summary counts the runs of every worker started, 0 for one that ran nothing; the
+    leaders' counts are not 0."""
+    found = re.search(r"^  leader task runs per worker: (.*)$", out, flags=re.MULTILINE)
+    assert found, out
+    counts = {name: int(count) for name, count in re.findall(r"(\S+) (\d+)", found.group(1))}
+    assert set(counts) == workers, found.group(0)
+    assert 0 in counts.values(), "one worker of four never leads: " + found.group(0)
 
 
 @pytest.mark.slow
 def test_quick_demo_shows_failover_and_handover():
-    """`demo --quick`: failover, restart announced, sub-second handover from the release."""
+    """`demo --quick`: failover, restart announced, sub-second handover from the release; the
+    lines in the order of their events' own times; every worker counted in the summary."""
     before = demo_processes()
     proc = run_demo("--quick")
     out = proc.stdout
@@ -66,6 +118,8 @@ def test_quick_demo_shows_failover_and_handover():
     assert 0 <= from_release < 1.0, out
     assert from_request >= from_release, out
     assert FOOTNOTE in out, "the filesystem broker's figures carry their footnote"
+    check_timeline(out)
+    check_runs_per_worker(out, {"node1", "node2", "node3", f"{first.group(1)}b"})
     assert demo_processes() == before, "the demo leaves no process behind"
 
 
@@ -86,6 +140,7 @@ def test_demo_on_redis_honours_ttl_with_quick_and_drops_the_footnote(tmp_path):
     handover = HANDOVER.search(out)
     assert handover and 0 <= float(handover.group(3)) < 1.0, out
     assert FOOTNOTE not in out, "the footnote is about the filesystem broker only"
+    check_timeline(out)
     assert demo_processes() == before
 
 

@@ -368,7 +368,8 @@ def test_kubernetes_manifests_probe_the_health_endpoint_on_the_metrics_ports(cle
 
 
 def test_systemd_units_stop_warmly_and_escape_celerys_percent(clean_modules):
-    """examples/systemd/*: SIGTERM to the main process, time to hand over, %%h for %h."""
+    """examples/systemd/*: SIGTERM to the main process, time to hand over, %%h for %h, and
+    each worker's own environment file (its metrics port)."""
     units = {}
     for name in ("celery-worker@.service", "celery-beat.service"):
         parser = configparser.ConfigParser(interpolation=None)
@@ -381,6 +382,12 @@ def test_systemd_units_stop_warmly_and_escape_celerys_percent(clean_modules):
         assert int(service["TimeoutStopSec"]) > 5
     worker = shlex.split(units["celery-worker@.service"]["ExecStart"])
     assert worker[worker.index("-n") + 1] == "%i@%%h"
+    # Each worker of a host gets its own metrics port from a file of its own instance.
+    assert "%i" in units["celery-worker@.service"]["EnvironmentFile"]
+    assert (
+        "CELERY_LEADER_METRICS_PORT="
+        in (EXAMPLES / "systemd" / "celery-worker@.service").read_text()
+    )
     beat = shlex.split(units["celery-beat.service"]["ExecStart"])
     assert beat[beat.index("-S") + 1] == "leader" and "-s" in beat
 

@@ -3,9 +3,10 @@
 The page includes the files of docs/examples/testing/ (each starts with its
 own name, ``# conftest.py``); they are copied into an empty directory and
 run with pytest in a process of their own, on the installed package and its
-pytest plugin, as a new project runs them. pytest-celery's plugin is
-switched off, as in a project without it: the page's conftest.py is written
-for one (beside pytest-celery it drops its pytest_plugins line).
+pytest plugin, as a new project runs them: once with pytest-celery's plugin
+active (the test extra installs it) and once with it switched off
+(``-p no:celery``), as in a project without it. The header pytest prints
+(``plugins: ...``) shows which plugin set each run had.
 """
 
 from __future__ import annotations
@@ -13,11 +14,18 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.test_pytest_plugin import run_pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "testing"
 PAGE = ROOT / "docs" / "testing.md"
+
+#: Each run of the suite: beside pytest-celery, and without it.
+PLUGIN_SETS = pytest.mark.parametrize(
+    "pytest_celery", [True, False], ids=["with-pytest-celery", "without-pytest-celery"]
+)
 
 
 def example_files() -> dict[str, str]:
@@ -46,29 +54,73 @@ def defined_tests(files: dict[str, str]) -> set[str]:
     }
 
 
-def run_suite(tmp_path: Path, files: dict[str, str]) -> tuple[int, str, set[str]]:
-    """Write *files* into the empty *tmp_path*, run pytest there: exit code, output, and the
-    test functions that passed (parameters stripped)."""
+def write(tmp_path: Path, files: dict[str, str]) -> Path:
+    """Write *files* into the empty *tmp_path*."""
     assert not any(tmp_path.iterdir())
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    proc = run_pytest(tmp_path, "-p", "no:cacheprovider", "-rA")
+    return tmp_path
+
+
+def check_plugin_set(out: str, pytest_celery: bool) -> None:
+    """pytest's header lists pytest-celery's plugin exactly when the run was to have it."""
+    header = re.search(r"^plugins: (.*)$", out, flags=re.MULTILINE)
+    assert header, out[-3000:]
+    plugins = {p.strip().rsplit("-", 1)[0] for p in header.group(1).split(",")}
+    assert "celery-leader" in plugins, header.group(0)
+    assert ("celery" in plugins) is pytest_celery, header.group(0)
+
+
+def run_suite(
+    tmp_path: Path, files: dict[str, str], *, pytest_celery: bool = False
+) -> tuple[int, str, set[str]]:
+    """Write *files* into the empty *tmp_path*, run pytest there: exit code, output, and the
+    test functions that passed (parameters stripped). An assertion-rewrite warning is an
+    error, as under ``filterwarnings = error``."""
+    write(tmp_path, files)
+    proc = run_pytest(
+        tmp_path,
+        "-p",
+        "no:cacheprovider",
+        "-W",
+        "error::pytest.PytestAssertRewriteWarning",
+        "-rA",
+        pytest_celery=pytest_celery,
+    )
     out = proc.stdout + proc.stderr
+    check_plugin_set(out, pytest_celery)
     passed = set(re.findall(r"^PASSED test_\w+\.py::(test_\w+)", out, flags=re.MULTILINE))
     return proc.returncode, out, passed
 
 
-def test_the_suite_passes_as_written(tmp_path):
+@PLUGIN_SETS
+def test_the_suite_passes_as_written(tmp_path, pytest_celery):
     """Every test of the page's suite passes, and nothing else is reported (no skip,
-    no warning): the files work when copied, with no other file beside them."""
+    no warning): the files work when copied, with no other file beside them, whether
+    pytest-celery is installed or not."""
     files = example_files()
     expected = defined_tests(files)
     assert "test_settle_runs_on_a_worker_that_leads" in expected, sorted(expected)
-    code, out, passed = run_suite(tmp_path, files)
+    code, out, passed = run_suite(tmp_path, files, pytest_celery=pytest_celery)
     assert code == 0, out[-4000:]
     assert passed == expected, out[-4000:]
     summary = out.strip().splitlines()[-1]
     assert re.fullmatch(r"=+ \d+ passed in [0-9.]+s =+", summary), out[-4000:]
+
+
+@PLUGIN_SETS
+def test_pytest_fixtures_lists_the_suites_fixtures(tmp_path, pytest_celery):
+    """`pytest --fixtures` in the page's suite exits 0 and lists celery-leader's fixtures
+    and the Celery fixtures leader_worker builds on, whether pytest-celery is installed
+    or not."""
+    write(tmp_path, example_files())
+    proc = run_pytest(tmp_path, "-p", "no:cacheprovider", "--fixtures", pytest_celery=pytest_celery)
+    out = proc.stdout + proc.stderr
+    check_plugin_set(out, pytest_celery)
+    assert proc.returncode == 0, out[-4000:]
+    assert "INTERNALERROR" not in out, out[-4000:]
+    for name in ("leader_lease", "leader_worker", "celery_app", "celery_worker_parameters"):
+        assert re.search(rf"^{name}\b", out, flags=re.MULTILINE), out[-4000:]
 
 
 def test_the_check_fails_when_a_file_of_the_example_is_missing(tmp_path):

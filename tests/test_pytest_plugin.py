@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "testing"
 
 
@@ -125,10 +127,8 @@ def test_settle_runs_on_a_worker_that_leads(leader_worker):
 
 CELERY_PLUGIN_LINE = 'pytest_plugins = ("celery.contrib.pytest",)\n'
 
-#: Celery's plugin, and celery_app returning the project's app.
-USER_CONFTEST_OVERRIDE = (
-    CELERY_PLUGIN_LINE
-    + """
+#: celery_app returning the project's app (celery-leader's plugin enables Celery's).
+USER_CONFTEST_OVERRIDE_ALONE = """
 import pytest
 from shop import app
 
@@ -137,7 +137,8 @@ from shop import app
 def celery_app():
     return app
 """
-)
+#: The same, with the pytest_plugins line that projects wrote before.
+USER_CONFTEST_OVERRIDE = CELERY_PLUGIN_LINE + USER_CONFTEST_OVERRIDE_ALONE
 
 
 def user_project(tmp_path: Path, conftest: str, *, backend: bool) -> Path:
@@ -160,27 +161,61 @@ def test_leader_worker_needs_no_ping_task_and_no_celery_includes(tmp_path):
     assert re.search(r"^1 passed", out, flags=re.MULTILINE), out[-2000:]
 
 
-def one_line_error(tmp_path: Path) -> str:
+def one_line_error(tmp_path: Path, *args: str) -> str:
     """Run the project, whose one test must error in leader_worker's setup; its output."""
-    proc = run_pytest(tmp_path, "-q", "-p", "no:cacheprovider")
+    proc = run_pytest(tmp_path, "-q", "-p", "no:cacheprovider", *args)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]
     assert re.search(r"^1 error", out, flags=re.MULTILINE), out[-4000:]
     return out
 
 
-def test_leader_worker_without_celerys_plugin_says_which_line_to_add(tmp_path):
-    """No celery_app fixture at all: one line names the pytest_plugins line to add,
+def test_leader_worker_with_celerys_plugin_kept_out_says_so(tmp_path):
+    """Celery's plugin blocked on the command line: one line says leader_worker needs it,
     instead of pytest's 'fixture not found' and its list of every fixture."""
-    out = one_line_error(user_project(tmp_path, "", backend=True))
+    project = user_project(tmp_path, USER_CONFTEST_OVERRIDE_ALONE, backend=True)
+    out = one_line_error(project, "-p", "no:celery.contrib.pytest")
     assert re.search(
-        r"^leader_worker needs Celery's pytest fixtures: add "
-        + re.escape('pytest_plugins = ("celery.contrib.pytest",)')
-        + r" to your conftest\.py$",
+        r"^leader_worker needs Celery's pytest fixtures \(the plugin celery\.contrib\.pytest, "
+        r"which celery-leader enables\), but this run keeps them out: drop "
+        r"-p no:celery\.contrib\.pytest$",
         out,
         flags=re.MULTILINE,
     ), out[-4000:]
-    assert "fixture 'celery_app' not found" not in out, out[-4000:]
+    assert "fixture 'celery_includes' not found" not in out, out[-4000:]
+
+
+def test_celerys_plugin_is_enabled_without_a_pytest_plugins_line(tmp_path):
+    """No pytest_plugins line: celery-leader's plugin enables Celery's, marked for assertion
+    rewriting first (a rewrite warning is an error here), and `pytest --fixtures` lists it."""
+    project = user_project(tmp_path, USER_CONFTEST_OVERRIDE_ALONE, backend=True)
+    strict = ("-p", "no:cacheprovider", "-W", "error::pytest.PytestAssertRewriteWarning")
+    proc = run_pytest(project, "-q", *strict)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert re.search(r"^1 passed in [0-9.]+s$", out, flags=re.MULTILINE), out[-2000:]
+    listed = run_pytest(project, "--fixtures", *strict)
+    assert listed.returncode == 0, (listed.stdout + listed.stderr)[-4000:]
+    assert re.search(r"fixtures defined from celery\.contrib\.pytest", listed.stdout)
+
+
+@pytest.mark.parametrize("how", ["conftest-line", "command-line"])
+def test_celerys_plugin_enabled_by_the_project_too_is_registered_once(tmp_path, how):
+    """A conftest.py that keeps its pytest_plugins line, or `-p celery.contrib.pytest`: the
+    plugin is registered once (no rewrite warning, one celery_app in `pytest --fixtures`)."""
+    line = CELERY_PLUGIN_LINE if how == "conftest-line" else ""
+    project = user_project(tmp_path, line + USER_CONFTEST_OVERRIDE_ALONE, backend=True)
+    args = ["-p", "celery.contrib.pytest"] if how == "command-line" else []
+    strict = ("-p", "no:cacheprovider", "-W", "error::pytest.PytestAssertRewriteWarning", *args)
+    proc = run_pytest(project, "-q", *strict)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert re.search(r"^1 passed in [0-9.]+s$", out, flags=re.MULTILINE), out[-2000:]
+    listed = run_pytest(project, "--fixtures", "-v", *strict)
+    assert listed.returncode == 0, (listed.stdout + listed.stderr)[-4000:]
+    # -v names each fixture's file: Celery's celery_app once, the project's once.
+    celery_apps = re.findall(r"^celery_app\b", listed.stdout, flags=re.MULTILINE)
+    assert len(celery_apps) == 2, listed.stdout[-4000:]
 
 
 def test_leader_worker_on_celerys_empty_test_app_says_to_return_yours(tmp_path):

@@ -161,6 +161,56 @@ def test_a_bad_value_is_refused_by_the_entry_with_today_s_message():
     assert HEALTH_STUCK_AFTER.read({"leader_health_stuck_after": ""}) is None, "unset"
 
 
+def test_a_process_port_comes_from_the_option_then_the_environment_then_the_setting():
+    """One app, one process's own port: the worker option, else the variable, else the
+    setting; each is named as given, and "0" (text, as from an environment) is no port."""
+    conf = {
+        "leader_backend_url": "redis://127.0.0.1:6379/0",
+        "leader_metrics_port": 9808,
+        "leader_beat_metrics_port": 9809,
+    }
+    variables = {"CELERY_LEADER_METRICS_PORT": "9101", "CELERY_LEADER_BEAT_METRICS_PORT": "9102"}
+    option = {"leader_metrics_port": "9201"}
+
+    def ports(environ, options):  # type: ignore[no-untyped-def]
+        read = load_app_settings(conf, environ=environ, worker_options=options)
+        return (read.metrics.port, read.metrics.port_from), read.beat_metrics.port
+
+    assert ports({}, {}) == ((9808, "leader_metrics_port"), 9809)
+    by_variable = "environment variable CELERY_LEADER_METRICS_PORT"
+    assert ports(variables, {}) == ((9101, by_variable), 9102)
+    assert ports(variables, option) == ((9201, "--leader-metrics-port"), 9102)
+    assert ports({**variables, "CELERY_LEADER_METRICS_PORT": ""}, {}) == (
+        (9808, "leader_metrics_port"),
+        9102,
+    ), "an empty variable is not set"
+    off = load_app_settings(conf, environ={"CELERY_LEADER_METRICS_PORT": "0"})
+    assert off.metrics.port is None and not off.metrics.enabled
+    with pytest.raises(ConfigurationError) as caught:
+        load_app_settings(conf, environ={}, worker_options={"leader_metrics_port": "http"})
+    assert str(caught.value) == (
+        "--leader-metrics-port='http' is not allowed: it must be a TCP port number, 1..65535"
+    )
+
+
+def test_the_reference_names_each_port_s_variable_and_option():
+    """The settings reference tells the variable of each port, and the worker option."""
+    page = render_markdown()
+    for name, lines in {
+        "leader_metrics_port": [
+            "`CELERY_LEADER_METRICS_PORT`",
+            "`celery worker --leader-metrics-port",
+        ],
+        "leader_beat_metrics_port": ["`CELERY_LEADER_BEAT_METRICS_PORT`"],
+    }.items():
+        block = page[page.index(f"### `{name}`") :].split("\n### ", 1)[0]
+        for line in lines:
+            assert line in block, block
+    assert "- Environment:" not in page.split("### `leader_health_stuck_after`")[1], (
+        "only the ports have one"
+    )
+
+
 def test_the_reference_lists_every_entry_grouped_by_owner():
     """Sections in owner order, each entry with its Django spelling, default and allowed values."""
     page = render_markdown()

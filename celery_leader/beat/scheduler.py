@@ -233,11 +233,7 @@ class BeatElection:
             from celery_leader.observe.endpoint import serve_at_start  # noqa: PLC0415 - only with a port
             from celery_leader.observe.health import beat_verdict  # noqa: PLC0415
 
-            serve_at_start(
-                metrics,
-                "leader_beat_metrics_port",
-                lambda: beat_verdict(self, metrics.stuck_after),
-            )
+            serve_at_start(metrics, lambda: beat_verdict(self, metrics.stuck_after))
 
     def start(self) -> None:
         """Start competing (once)."""

@@ -16,7 +16,10 @@ when it returns, also on Ctrl-C.
 
 The times compared are all on the lease clock (:func:`celery_leader.clock.now`),
 read by the demo and stamped by the workers in the files described in
-:mod:`celery_leader.demo.app`.
+:mod:`celery_leader.demo.app`. Each line of the narrative carries the time of
+the event it tells, and the lines come in that order
+(:mod:`celery_leader.demo.timeline`). The summary counts the leader task runs
+of every worker started, 0 for one that ran none.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import Any
 from celery_leader import clock
 from celery_leader._masking import mask_url
 from celery_leader.demo.lease_demo import DemoResult
+from celery_leader.demo.timeline import Timeline
 from celery_leader.settings import election_names
 from celery_leader.stores import open_store
 
@@ -71,6 +75,8 @@ class CeleryDemoResult(DemoResult):
     handover_request_seconds: float = 0.0
     filesystem_broker: bool = False
     runs: Counter[str] = field(default_factory=Counter)
+    #: Every worker the demo started (its name in the demo), whether it ran anything or not.
+    workers: list[str] = field(default_factory=list)
     #: The beat process that held beat's lease (its name in the demo), and its term.
     beat_leader: str = ""
     beat_token: int = 0
@@ -82,6 +88,8 @@ class _Processes:
     def __init__(self, env: dict[str, str], workdir: Path) -> None:
         self.env, self.workdir = env, workdir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        #: The workers started, in order (``procs`` has the beat too).
+        self.workers: list[str] = []
 
     def start(self, name: str, *args: str) -> None:
         log = (self.workdir / f"{name}.log").open("ab")
@@ -95,6 +103,7 @@ class _Processes:
         log.close()
 
     def worker(self, name: str) -> None:
+        self.workers.append(name)
         self.start(
             name,
             "worker",
@@ -137,11 +146,12 @@ LOG_TAIL_LINES = 20
 
 
 def _explain_no_leader(
-    workdir: Path, procs: _Processes, say: Callable[[str], None], out: Callable[[str], None]
+    workdir: Path, procs: _Processes, timeline: Timeline, out: Callable[[str], None]
 ) -> None:
     """No leader appeared: show why (each log's tail) and keep the logs for a closer look."""
     kept = Path(tempfile.mkdtemp(prefix="celery-leader-demo-logs-"))
-    say("no leader appeared; the end of each process's log follows")
+    timeline.say("no leader appeared; the end of each process's log follows")
+    timeline.flush(everything=True)
     for name in procs.procs:
         log = workdir / f"{name}.log"
         if not log.exists():
@@ -185,7 +195,7 @@ def bursts(rows: list[dict[str, Any]]) -> list[Burst]:
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
-    """The JSON lines the workers appended to *path* so far."""
+    """The JSON lines the workers appended to *path* so far, in the order of their times."""
     if not path.exists():
         return []
     rows = []
@@ -194,7 +204,8 @@ def _rows(path: Path) -> list[dict[str, Any]]:
             rows.append(json.loads(line))
         except ValueError:
             continue  # a line being written
-    return rows
+    # Workers append in the order they write, which is not always the order of their stamps.
+    return sorted(rows, key=lambda row: float(row["at"]))
 
 
 def run_celery_demo(
@@ -208,10 +219,8 @@ def run_celery_demo(
 ) -> CeleryDemoResult:
     """Run the demo; print a narrative and a summary through *out*; return the figures."""
     result = CeleryDemoResult(filesystem_broker=not broker or broker.startswith("filesystem"))
-    started = time.monotonic()
-
-    def say(text: str) -> None:
-        out(f"[{time.monotonic() - started:6.2f}s] {text}")
+    timeline = Timeline(out, clock.now())
+    say = timeline.say
 
     with _workdir() as workdir:
         env = {
@@ -271,39 +280,50 @@ def run_celery_demo(
         explained: set[tuple[str, float]] = set()
 
         def explain_bursts(rows: list[dict[str, Any]]) -> None:
-            """One line per burst of runs: what the jump in a worker's count is."""
+            """One line per burst of runs, at its last run: what the jump in a worker's count is."""
             for burst in bursts(rows):
                 if (burst.worker, burst.first_at) in explained:
                     continue
                 explained.add((burst.worker, burst.first_at))
-                say(
+                timeline.add(
+                    burst.first_at + burst.seconds,
                     f"{burst.worker.split('@')[0]} ran {burst.count} leader tasks within "
                     f"{burst.seconds:.2f} s: the backlog of ticks beat sent while no worker led "
-                    "(they waited in the leader queue); each ran once, on the leader"
+                    "(they waited in the leader queue); each ran once, on the leader",
                 )
 
+        shown = [0.0]
+
+        def look(rows: list[dict[str, Any]]) -> None:
+            """Beat's lease and bursts at every look; who leads and the tally once a second."""
+            show_beat()
+            explain_bursts(rows)
+            if time.monotonic() - shown[0] >= 1.0:
+                shown[0] = time.monotonic()
+                holder = leader_now()
+                counts = Counter(r["worker"].split("@")[0] for r in rows)
+                tally = "  ".join(f"{n}:{counts.get(n, 0)}" for n in sorted(procs.workers))
+                who = f"{holder[0]} (token {holder[1]})" if holder else "nobody"
+                say(f"leader: {who:<34} leader task runs  {tally}")
+            timeline.flush()
+
         def watch_until(done: Callable[[list[dict[str, Any]]], Any], timeout: float) -> Any:
-            deadline, shown = time.monotonic() + timeout, 0.0
+            deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
                 rows = _rows(runs_file)
                 value = done(rows)
                 if value:
                     return value
-                if time.monotonic() - shown >= 1.0:
-                    shown = time.monotonic()
-                    holder = leader_now()
-                    counts = Counter(r["worker"].split("@")[0] for r in rows)
-                    tally = "  ".join(
-                        f"{n}:{counts.get(n, 0)}"
-                        for n in sorted(procs.procs)
-                        if n.startswith("node")
-                    )
-                    who = f"{holder[0]} (token {holder[1]})" if holder else "nobody"
-                    say(f"leader: {who:<34} leader task runs  {tally}")
-                    show_beat()
-                    explain_bursts(rows)
+                look(rows)
                 time.sleep(0.05)
             raise TimeoutError("the demo did not see what it waited for in time")
+
+        def watch_for(seconds: float) -> None:
+            """Show what happens for *seconds*."""
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                look(_rows(runs_file))
+                time.sleep(0.05)
 
         def first_run_after(
             moment: float, accept: Callable[[dict[str, Any]], bool]
@@ -331,26 +351,31 @@ def run_celery_demo(
                 "a new store holds off one ttl before its first leader (it cannot know "
                 "whether an earlier leader still acts)"
             )
-            first = watch_until(lambda rows: rows[-1] if rows else None, ttl * 4 + 30)
+            first = watch_until(lambda rows: rows[0] if rows else None, ttl * 4 + 30)
             result.first_leader = first["worker"].split("@")[0]
             result.first_token = first["token"]
-            say(
+            timeline.add(
+                first["at"],
                 f"{result.first_leader} leads with token {result.first_token}; only it runs "
-                "the leader task"
+                "the leader task",
             )
-            watch_until(lambda rows: None, lead_for) if lead_for > 0 else None
+            watch_for(lead_for)
         except TimeoutError:
             pass
+        result.workers = list(procs.workers)
         if not result.first_leader:
-            _explain_no_leader(workdir, procs, say, out)
+            _explain_no_leader(workdir, procs, timeline, out)
             result.runs = Counter()
             procs.stop_all()
             lease_store.close()
             out(summary(result, ttl))
             return result
         try:
-            say(f"SIGKILL {result.first_leader}: its lease must run out before anyone else leads")
             killed_at = clock.now()
+            timeline.add(
+                killed_at,
+                f"SIGKILL {result.first_leader}: its lease must run out before anyone else leads",
+            )
             procs.kill(result.first_leader)
             second = first_run_after(
                 killed_at, lambda r: not r["worker"].startswith(result.first_leader + "@")
@@ -358,9 +383,10 @@ def run_celery_demo(
             result.failover_leader = second["worker"].split("@")[0]
             result.failover_token = second["token"]
             result.failover_seconds = second["at"] - killed_at
-            say(
+            timeline.add(
+                second["at"],
                 f"failover: {result.failover_leader} ran the leader task "
-                f"{result.failover_seconds:.2f} s after the kill (token {result.failover_token})"
+                f"{result.failover_seconds:.2f} s after the kill (token {result.failover_token})",
             )
             restarted = f"{result.first_leader}b"
             say(
@@ -368,12 +394,15 @@ def run_celery_demo(
                 f"as a follower of {result.failover_leader}"
             )
             procs.worker(restarted)
-            watch_until(lambda rows: None, lead_for) if lead_for > 0 else None
+            watch_for(lead_for)
         except TimeoutError:
             pass
         try:
-            say(f"celery leader step-down: {result.failover_leader} stops leader work and releases")
             asked_at = clock.now()
+            timeline.add(
+                asked_at,
+                f"celery leader step-down: {result.failover_leader} stops leader work and releases",
+            )
             stepping_down = subprocess.Popen(  # noqa: S603 - our interpreter, our module
                 [sys.executable, "-m", "celery", "-A", APP, "leader", "step-down"],
                 env=env,
@@ -391,9 +420,10 @@ def run_celery_demo(
                 lambda rows: term_event("released", lambda t: t["token"] == result.failover_token),
                 ttl * 3 + 20,
             )
-            say(
+            timeline.add(
+                released["at"],
                 f"{result.failover_leader} released the lease {released['at'] - asked_at:.2f} s "
-                "after the request (which starts a `celery leader step-down` process)"
+                "after the request (which starts a `celery leader step-down` process)",
             )
             third = first_run_after(asked_at, lambda r: r["token"] > result.failover_token)
             stepping_down.wait(60)
@@ -403,18 +433,22 @@ def run_celery_demo(
             result.handover_request_seconds = third["at"] - asked_at
             elected = term_event("elected", lambda t: t["token"] == result.handover_token)
             if elected is not None:
-                say(
+                timeline.add(
+                    elected["at"],
                     f"{result.handover_leader} holds the lease "
-                    f"{elected['at'] - released['at']:.2f} s after the release"
+                    f"{elected['at'] - released['at']:.2f} s after the release",
                 )
-            say(
+            timeline.add(
+                third["at"],
                 f"handover: {result.handover_leader} ran the leader task "
                 f"{result.handover_seconds:.2f} s after the release "
-                f"({result.handover_request_seconds:.2f} s after the step-down request)"
+                f"({result.handover_request_seconds:.2f} s after the step-down request)",
             )
         except TimeoutError:
             pass
         finally:
+            timeline.flush(everything=True)
+            result.workers = list(procs.workers)
             result.runs = Counter(r["worker"].split("@")[0] for r in _rows(runs_file))
             procs.stop_all()
             lease_store.close()
@@ -425,6 +459,8 @@ def run_celery_demo(
 def summary(result: CeleryDemoResult, ttl: float) -> str:
     """The closing table."""
     rising = 0 < result.first_token < result.failover_token < result.handover_token
+    # Every worker started, 0 for one that ran nothing (the restarted one, often).
+    workers = sorted(set(result.workers) | set(result.runs))
     beat = f"{result.beat_leader or 'none'}"
     return "\n".join(
         [
@@ -441,6 +477,6 @@ def summary(result: CeleryDemoResult, ttl: float) -> str:
             f"  tokens increased: {rising}",
             *([FILESYSTEM_FOOTNOTE] if result.filesystem_broker else []),
             "  leader task runs per worker: "
-            + ", ".join(f"{name} {count}" for name, count in sorted(result.runs.items())),
+            + ", ".join(f"{name} {result.runs.get(name, 0)}" for name in workers),
         ]
     )

@@ -103,14 +103,18 @@ class Endpoint:
         self.server.server_close()
 
 
-def serve_at_start(metrics: MetricsSettings, port_key: str, health: HealthSource) -> Endpoint:
-    """Serve on the port *metrics* names, or stop the worker or beat with one line naming it."""
+def serve_at_start(metrics: MetricsSettings, health: HealthSource) -> Endpoint:
+    """Serve on the port *metrics* names, or stop the worker or beat with one line naming it.
+
+    The line names the port as it was given (``metrics.port_from``): the
+    setting, the environment variable or the worker option.
+    """
     assert metrics.port is not None
     try:
         return serve(metrics.address, metrics.port, health)
     except OSError as exc:
         raise StartupConfigurationError(
-            f"celery-leader: {port_key}={metrics.port} cannot be served: {exc}"
+            f"celery-leader: {metrics.port_from}={metrics.port} cannot be served: {exc}"
         ) from None
 
 

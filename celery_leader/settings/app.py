@@ -139,13 +139,22 @@ class AppSettings:
 
 
 @spelled_as_given
-def load_app_settings(conf: Mapping[str, Any], main: str | None = None) -> AppSettings:
+def load_app_settings(
+    conf: Mapping[str, Any],
+    main: str | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    worker_options: Mapping[str, Any] | None = None,
+) -> AppSettings:
     """Read and validate every ``leader_*`` setting of *conf* (an app's ``conf``).
 
     Every setting is checked, also those only beat reads (a worker may run
     beat, ``-B``) and those of a store other than the one in use. Keys that
     celery-leader will not read as meant are warned of once
-    (:mod:`celery_leader.settings.checks`).
+    (:mod:`celery_leader.settings.checks`). A setting that one process may
+    override for itself (a metrics port) is read from the worker's options
+    in *worker_options* first, then from its environment variable in
+    *environ* (``os.environ`` unless given).
     """
     url = default_backend_url(conf)
     timing = lease_timing(conf, url, store_class(url))
@@ -154,8 +163,8 @@ def load_app_settings(conf: Mapping[str, Any], main: str | None = None) -> AppSe
         backend_url=url,
         store_options=store_options(conf, url),
         stop_grace=stop_grace(conf, timing),
-        metrics=metrics_settings(conf),
-        beat_metrics=metrics_settings(conf, BEAT_METRICS_PORT.name),
+        metrics=metrics_settings(conf, environ=environ, options=worker_options),
+        beat_metrics=metrics_settings(conf, BEAT_METRICS_PORT.name, environ=environ),
         beat=beat_settings(conf),
         names=names,
         elections={
@@ -192,17 +201,23 @@ _SETTINGS_ATTR = "_celery_leader_settings"
 _NAMES_ATTR = "_celery_leader_names"
 
 
-def app_settings(app: Any, *, fresh: bool = False) -> AppSettings:
+def app_settings(
+    app: Any, *, fresh: bool = False, worker_options: Mapping[str, Any] | None = None
+) -> AppSettings:
     """The :class:`AppSettings` of *app*, kept on the app for the rest of the process.
 
     The worker step, beat and the CLI read them *fresh* when they start, and
     hand them down; routing then reads the same object. A ``leader_*`` key
     changed after that start is not seen until the next one (a test that
-    starts a new worker with other settings gets them).
+    starts a new worker with other settings gets them). The worker step
+    passes its keyword arguments as *worker_options*: the values of
+    ``celery worker --leader-...`` options (see :func:`load_app_settings`).
     """
     settings = None if fresh else getattr(app, _SETTINGS_ATTR, None)
     if settings is None:
-        settings = load_app_settings(app.conf, getattr(app, "main", None))
+        settings = load_app_settings(
+            app.conf, getattr(app, "main", None), worker_options=worker_options
+        )
         setattr(app, _SETTINGS_ATTR, settings)
     return settings
 

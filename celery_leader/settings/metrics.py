@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 from celery_leader._catalogue import Owner, Setting, register
 from celery_leader.exceptions import ConfigurationError
 from celery_leader.settings.parsing import positive_seconds, tcp_port, true_or_false
-from celery_leader.settings.spelling import spelled_as_given
+from celery_leader.settings.spelling import spelled, spelled_as_given
 
 #: Where the metrics port listens unless ``leader_metrics_address`` says otherwise.
 DEFAULT_METRICS_ADDRESS = "0.0.0.0"  # noqa: S104 - scraped from outside the host
@@ -42,9 +43,12 @@ METRICS_PORT: Setting[int | None] = Setting(
     allowed="a TCP port, 1..65535",
     description=(
         "Serve the worker's metrics on `GET /metrics` and its health on `GET /healthz` on "
-        "this port."
+        "this port. Workers on one host need a port each: give each its own with the "
+        "environment variable or the worker option, which override this setting."
     ),
     parse=tcp_port,
+    environment="CELERY_LEADER_METRICS_PORT",
+    option="--leader-metrics-port",
 )
 METRICS_ADDRESS: Setting[str] = Setting(
     "leader_metrics_address",
@@ -61,9 +65,11 @@ BEAT_METRICS_PORT: Setting[int | None] = Setting(
     allowed="a TCP port, 1..65535",
     description=(
         "Serve beat's metrics and health on this port, for a beat of its own or one embedded "
-        "in a worker (`-B`): it may share a host with a worker."
+        "in a worker (`-B`): it may share a host with a worker. The environment variable "
+        "overrides it for one beat."
     ),
     parse=tcp_port,
+    environment="CELERY_LEADER_BEAT_METRICS_PORT",
 )
 HEALTH_STUCK_AFTER: Setting[float] = Setting(
     "leader_health_stuck_after",
@@ -95,17 +101,38 @@ class MetricsSettings:
     address: str
     stuck_after: float = DEFAULT_STUCK_AFTER
     """Seconds a loop may stand still before ``/healthz`` says the process is stuck."""
+    port_from: str = METRICS_PORT.name
+    """Where the port was given, as the user wrote it: the setting, the environment variable
+    or the worker option (``CELERY_LEADER_METRICS_PORT``); messages about the port name it."""
 
 
 @spelled_as_given
-def metrics_settings(conf: Mapping[str, Any], port_key: str = METRICS_PORT.name) -> MetricsSettings:
+def metrics_settings(
+    conf: Mapping[str, Any],
+    port_key: str = METRICS_PORT.name,
+    *,
+    environ: Mapping[str, str] | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> MetricsSettings:
     """The validated metrics and health settings of *conf*; the port from *port_key*.
 
     *port_key* is ``leader_metrics_port`` (a worker's) or
-    ``leader_beat_metrics_port`` (beat's).
+    ``leader_beat_metrics_port`` (beat's). This process's own port comes
+    first: the worker option in *options* (a worker's keyword arguments),
+    then the setting's environment variable in *environ* (``os.environ``
+    unless given), then *conf*.
     """
-    port = _PORTS[port_key].read(conf)
+    setting = _PORTS[port_key]
+    port, given_as = setting.read_for_process(
+        conf, os.environ if environ is None else environ, options or {}
+    )
     address = METRICS_ADDRESS.read_or(conf, DEFAULT_METRICS_ADDRESS)
     enabled = METRICS.read_or(conf, False) or port is not None
     stuck_after = HEALTH_STUCK_AFTER.read_or(conf, DEFAULT_STUCK_AFTER)
-    return MetricsSettings(enabled=enabled, port=port, address=address, stuck_after=stuck_after)
+    return MetricsSettings(
+        enabled=enabled,
+        port=port,
+        address=address,
+        stuck_after=stuck_after,
+        port_from=spelled(conf, given_as) if given_as == setting.name else given_as,
+    )

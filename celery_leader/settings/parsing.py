@@ -44,7 +44,7 @@ def true_or_false(name: str, value: Any) -> bool:
 
 
 def tcp_port(name: str, value: Any) -> int | None:
-    """A TCP port number, 1..65535; 0 (or False) is no port (None)."""
+    """A TCP port number, 1..65535; 0 (or False, or "0" from an environment) is no port (None)."""
     if value == 0:
         return None
     try:
@@ -53,6 +53,8 @@ def tcp_port(name: str, value: Any) -> int | None:
         port = -1 if isinstance(value, bool) or fraction else int(value)
     except (TypeError, ValueError):
         port = -1
+    if port == 0:
+        return None
     if not 1 <= port <= _MAX_PORT:
         raise ConfigurationError(
             f"{name}={value!r} is not allowed: it must be a TCP port number, 1..65535"

@@ -23,6 +23,11 @@ namespace="CELERY")`, write each one in upper case with the namespace, as its
 *Django* line shows (`CELERY_LEADER_LEASE_TTL = 10`). A value of `None` or `""`
 counts as not set. A bad value stops the worker (or beat) at start with one line
 naming the setting as you wrote it, the value and what is allowed.
+
+A setting that each process needs its own value of (a metrics port), where
+every process reads the same app, also has an *Environment* variable, and a
+worker's a *Worker option*: the option comes first, then the variable, then
+the setting.
 """
 
 #: Store sections are titled by the store's URL beginning.
@@ -45,6 +50,18 @@ def _cell(text: str) -> str:
 
 
 def _entry(setting: Setting[Any]) -> list[str]:
+    overrides = []
+    if setting.environment is not None:
+        overrides.append(
+            f"- Environment: `{setting.environment}`, one process's own value, read at its "
+            "start; it overrides the setting"
+        )
+    if setting.option is not None:
+        overrides.append(
+            f"- Worker option: `celery worker {setting.option} ...`, one worker's own value; "
+            "it overrides the setting and the environment (the app must call "
+            "`celery_leader.install(app)`, which adds the option)"
+        )
     return [
         f"### `{setting.name}`",
         "",
@@ -53,6 +70,7 @@ def _entry(setting: Setting[Any]) -> list[str]:
         f"- Django: `{setting.django_name}`",
         f"- Default: {_cell(setting.default)}",
         f"- Allowed: {_cell(setting.allowed)}",
+        *overrides,
         "",
     ]
 

@@ -109,14 +109,12 @@ def _check_elections(elections: tuple[str | None, ...], leader_name: str) -> Non
 
 
 def _serve(settings: LeaderSettings, coordinator: Coordinator) -> None:
-    """``/metrics`` and ``/healthz`` of this worker on ``leader_metrics_port``."""
+    """``/metrics`` and ``/healthz`` of this worker on its port (``leader_metrics_port``, ...)."""
     from celery_leader.observe.endpoint import serve_at_start  # noqa: PLC0415 - only with a port
     from celery_leader.observe.health import worker_verdict  # noqa: PLC0415
 
     metrics = settings.metrics
-    serve_at_start(
-        metrics, "leader_metrics_port", lambda: worker_verdict(coordinator, metrics.stuck_after)
-    )
+    serve_at_start(metrics, lambda: worker_verdict(coordinator, metrics.stuck_after))
 
 
 def _keep_unknown_leader_messages(consumer: Any) -> None:
@@ -196,7 +194,9 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         app = worker.app
         try:
-            self.app_settings = app_settings(app, fresh=True)
+            # Celery hands every worker step the worker's options, ours among them
+            # (--leader-metrics-port, added by celery_leader.install).
+            self.app_settings = app_settings(app, fresh=True, worker_options=kwargs)
             self.settings: LeaderSettings = self.app_settings.worker
         except ConfigurationError as exc:
             raise WorkerConfigurationError(f"celery-leader: {exc}") from None

@@ -1,12 +1,13 @@
-"""Test settings of the example project: Celery's pytest plugin, on in-memory transports."""
+"""Test settings of the example project: the project's app, on in-memory transports.
+
+celery-leader's pytest plugin enables Celery's (``celery.contrib.pytest``), whose
+fixtures ``leader_worker`` builds on: no ``pytest_plugins`` line.
+"""
 
 from __future__ import annotations
 
 import pytest
 from shop import app
-
-# Celery's own fixtures, which leader_worker builds on.
-pytest_plugins = ("celery.contrib.pytest",)
 
 # Before any test uses the app: Celery keeps the first connections and result backend it makes.
 app.conf.update(broker_url="memory://", result_backend="cache+memory://")

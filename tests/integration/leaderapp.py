@@ -347,13 +347,14 @@ def block_loop_soon(state, seconds=5.0, **kwargs):
     return {"ok": "posted"}
 
 
-@control_command()
-def stop_lease_thread(state, **kwargs):
-    """Test-only: end the worker's lease thread, as a crash of that thread would."""
+@control_command(args=[("election", str)])
+def stop_lease_thread(state, election=None, **kwargs):
+    """Test-only: end the lease thread of *election* (the default one unless named), as a
+    crash of that thread would."""
     from celery_leader.worker.coordinator import current_coordinator
 
     coordinator = current_coordinator()
-    coordinator.manager.stop(release=True)
+    coordinator.elections[election or None].manager.stop(release=True)
     return {"ok": "stopped"}
 
 

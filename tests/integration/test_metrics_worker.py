@@ -288,3 +288,51 @@ def test_embedded_beat_serves_its_own_metrics_and_health(cluster_for):
     assert sample(scrape(beat_port), "celery_leader_is_leader", election=cluster.name) is None
     code, body = health(beat_port)
     assert (code, body["status"], body["election"]) == (200, "ok", beat)
+
+
+def test_healthz_reports_every_election_and_fails_when_one_lease_thread_dies(cluster_for):
+    """A worker in two elections: /healthz lists both, holding off on a new store, then
+    leading, both store-unreachable while the store is paused (still 200), and 503 once the
+    lease thread of one of them ends (the other still leading)."""
+    cluster = cluster_for("redis")
+    cluster.env["LEADER_TTL"] = "6"  # the first hold-off on a new store lasts one ttl
+    default, billing = cluster.name, f"{cluster.name}.billing"
+    port = free_port()
+    (worker,) = cluster.start(
+        1,
+        app="tests.integration.electionsapp",
+        env={"LEADER_EXCLUDE": "reports", "CELERY_LEADER_METRICS_PORT": str(port)},
+    )
+
+    def states() -> dict[str, str]:
+        code, body = health(port)
+        assert code == 200, body
+        return {name: view["state"] for name, view in body["elections"].items()}
+
+    wait_for(lambda: states() == {default: "holding-off", billing: "holding-off"}, 5, "both wait")
+    wait_for(lambda: states() == {default: "leading", billing: "leading"}, 15, "both lead")
+    _, body = health(port)
+    assert (body["election"], body["role"]) == (default, "leader"), "the default one, as before"
+    assert body["elections"][billing] == {"state": "leading", "role": "leader", "store_failures": 0}
+
+    cluster.store.pause()
+    try:
+        wait_for(
+            lambda: states() == {default: "store-unreachable", billing: "store-unreachable"},
+            10,
+            "both see the store gone, and the worker stays healthy",
+        )
+    finally:
+        cluster.store.resume()
+    wait_for(lambda: states() == {default: "leading", billing: "leading"}, 20, "both lead again")
+
+    cluster.client.control.broadcast(
+        "stop_lease_thread",
+        arguments={"election": "billing"},
+        destination=[worker.nodename],
+        reply=False,
+    )
+    dead = wait_for(lambda: health(port)[0] == 503 and health(port), 10, "503, billing's gone")
+    assert (dead[1]["status"], dead[1]["dead"]) == ("lease-thread-dead", [billing]), dead
+    assert dead[1]["elections"][billing]["state"] == "not-running", dead
+    assert dead[1]["elections"][default]["state"] == "leading", dead

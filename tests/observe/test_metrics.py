@@ -51,7 +51,8 @@ def test_metrics_follow_a_term_from_election_to_loss():
 
 
 def test_a_taken_port_stops_the_start_with_one_line_naming_the_setting():
-    """/metrics and /healthz on a port another process holds: a start-up error, not a traceback."""
+    """/metrics and /healthz on a port another process holds: a start-up error, not a traceback,
+    naming the port as it was given (here beat's environment variable)."""
     import socket
 
     import pytest
@@ -65,11 +66,19 @@ def test_a_taken_port_stops_the_start_with_one_line_naming_the_setting():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        metrics = MetricsSettings(enabled=True, port=port, address="127.0.0.1")
+        metrics = MetricsSettings(
+            enabled=True,
+            port=port,
+            address="127.0.0.1",
+            port_from="environment variable CELERY_LEADER_BEAT_METRICS_PORT",
+        )
         with pytest.raises(StartupConfigurationError) as caught:
-            serve_at_start(metrics, "leader_beat_metrics_port", lambda: Verdict(True, "ok"))
+            serve_at_start(metrics, lambda: Verdict(True, "ok"))
     message = str(caught.value)
-    assert message.startswith(f"celery-leader: leader_beat_metrics_port={port} cannot be served")
+    assert message.startswith(
+        f"celery-leader: environment variable CELERY_LEADER_BEAT_METRICS_PORT={port} cannot be "
+        "served"
+    )
     assert "\n" not in message
 
 

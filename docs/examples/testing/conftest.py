@@ -2,9 +2,6 @@
 import pytest
 from shop import app
 
-# Celery's own fixtures, which leader_worker builds on.
-pytest_plugins = ("celery.contrib.pytest",)
-
 # In-memory broker and results for the tests, set before any test uses the app:
 # Celery keeps the first connections and result backend it makes.
 app.conf.update(broker_url="memory://", result_backend="cache+memory://")
