@@ -14,11 +14,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def demo_processes() -> list[str]:
+    """The demo processes of this checkout's interpreter (another checkout's demo on the same
+    machine is not this test's)."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True)
     return [
         line
         for line in out.stdout.splitlines()
-        if "celery_leader.demo" in line and "ps -eo" not in line
+        if "celery_leader.demo" in line and sys.executable in line and "ps -eo" not in line
     ]
 
 
