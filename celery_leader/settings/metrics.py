@@ -95,6 +95,9 @@ class MetricsSettings:
     address: str
     stuck_after: float = DEFAULT_STUCK_AFTER
     """Seconds a loop may stand still before ``/healthz`` says the process is stuck."""
+    asked_by: str = f"{METRICS.name}=True"
+    """The setting that turned metrics on, with its value (``leader_metrics_port=9100``):
+    what a missing ``prometheus`` extra is reported against."""
 
 
 @spelled_as_given
@@ -108,4 +111,7 @@ def metrics_settings(conf: Mapping[str, Any], port_key: str = METRICS_PORT.name)
     address = METRICS_ADDRESS.read_or(conf, DEFAULT_METRICS_ADDRESS)
     enabled = METRICS.read_or(conf, False) or port is not None
     stuck_after = HEALTH_STUCK_AFTER.read_or(conf, DEFAULT_STUCK_AFTER)
-    return MetricsSettings(enabled=enabled, port=port, address=address, stuck_after=stuck_after)
+    asked_by = f"{port_key}={port}" if port is not None else f"{METRICS.name}=True"
+    return MetricsSettings(
+        enabled=enabled, port=port, address=address, stuck_after=stuck_after, asked_by=asked_by
+    )
