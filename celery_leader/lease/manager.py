@@ -824,9 +824,10 @@ class LeaseManager:
         self._observe(ObservationKind.STORE_ERROR, exc.kind)
         message = mask_text(str(exc))
         if message != self._last_error:
+            # A store that explains the refusal itself names the setting already.
             hint = (
                 " (check the credentials in leader_backend_url)"
-                if isinstance(exc, StoreAuthError)
+                if isinstance(exc, StoreAuthError) and "leader_backend_url" not in message
                 else ""
             )
             logger.error(
