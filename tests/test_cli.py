@@ -242,6 +242,28 @@ def test_status_wrong_password_exits_2_masked(leader_cli: Run, tmp_path: Path) -
     assert PASSWORD not in proc.stdout + proc.stderr
     assert f"redis://:***@127.0.0.1:{server.port}/0" in lines[0]
     assert lines[0].startswith(ERROR_PREFIX), "the form the worker prints for the same error"
+    assert lines[0].endswith(
+        "read failed: the server refused the password in leader_backend_url (check the "
+        "credentials: a wrong password, or an ACL user that does not exist or is disabled)"
+    ), lines[0]
+
+
+def test_status_without_a_password_says_the_store_needs_one(
+    leader_cli: Run, tmp_path: Path
+) -> None:
+    """A store that wants a password and got none: exit 2, one line that says so and names
+    leader_backend_url, not redis-py's words about HELLO."""
+    server = RedisServer(tmp_path, extra=["--requirepass", PASSWORD]).start()
+    try:
+        proc = leader_cli("status", store=f"redis://127.0.0.1:{server.port}/0")
+    finally:
+        server.stop()
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"{ERROR_PREFIX}lease store redis://127.0.0.1:{server.port}/0: read failed: the server "
+        "needs a password and leader_backend_url gives none (write it before the host: "
+        ":PASSWORD@, or USER:PASSWORD@ for an ACL user)"
+    ], proc.stderr
 
 
 @pytest.mark.parametrize(

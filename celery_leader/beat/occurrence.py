@@ -53,6 +53,9 @@ def slot_after(schedule: Any, last: datetime) -> datetime | None:
     clock says now); any other kind as ``now + remaining_estimate(last)``.
     """
     if hasattr(schedule, "remaining_delta"):  # crontab: the next minute after the last run
+        # Matched in the crontab's own zone: Celery before 5.5 matched its fields in the
+        # zone the last run came in (django-celery-beat's rows in UTC, its crontabs zoned).
+        last = schedule.maybe_make_aware(last).astimezone(schedule.tz)
         start, ends_in, _now = schedule.remaining_delta(last)
         return _aware(start + ends_in)
     if isinstance(getattr(schedule, "run_every", None), timedelta):  # an interval

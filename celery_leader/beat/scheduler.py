@@ -96,6 +96,7 @@ from celery_leader.elections.election import Election
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.exceptions import ConfigurationError, StoreCallTimeoutError, StoreError
 from celery_leader.lease.bounded import BoundedCaller, store_call
+from celery_leader.observe.extra import check_metrics_extra
 from celery_leader.settings import (
     BeatSettings,
     LeaderSettings,
@@ -501,6 +502,14 @@ def _check_server_limits(conf: Any, settings: LeaderSettings) -> None:
     _limits_checked.add(key)
 
 
+def _check_metrics_extra(conf: Any, settings: LeaderSettings) -> None:
+    """Stop beat at start, with one line, when its metrics are on and the extra is missing."""
+    try:
+        check_metrics_extra(settings.metrics)
+    except ConfigurationError as exc:
+        raise StartupConfigurationError(f"celery-leader: {spelled_in(conf, str(exc))}") from None
+
+
 class LeaderSchedulerMixin:
     """The leader logic, mixed in front of the wrapped scheduler class."""
 
@@ -522,6 +531,7 @@ class LeaderSchedulerMixin:
         # Here, not when competing begins: beat's banner builds the scheduler (lazily) before
         # beat runs it, and an error there is one line, not a logged traceback.
         _check_server_limits(app.conf, self._leader_settings)
+        _check_metrics_extra(app.conf, self._leader_settings)
         filename = kwargs.get("schedule_filename")
         if filename and issubclass(wrapped, PersistentScheduler):
             # Before the wrapped scheduler opens the file, and also when built lazily

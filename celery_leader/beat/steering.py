@@ -25,6 +25,7 @@ bounded calls); a failure is logged and tried again at the next poll.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import math
@@ -40,7 +41,9 @@ from celery_leader.beat.controls import (
     control_slot,
     ran_records,
 )
-from celery_leader.beat.occurrence import due_slot
+from celery_leader.beat.occurrence import slot_after
+from celery_leader.beat.schedule_text import schedule_text
+from celery_leader.beat.state import schedule_time
 from celery_leader.exceptions import StoreError
 
 logger = logging.getLogger(__name__)
@@ -252,9 +255,9 @@ class Steering:
             row: dict[str, Any] = {
                 "name": entry.name,
                 "task": entry.task,
-                "schedule": str(entry.schedule),
+                "schedule": schedule_text(entry.schedule),
                 "last_sent": last_sent(marks.get(entry.name)),
-                "next_due": _next_due(entry),
+                "next_due": next_due(entry, marks.get(entry.name)),
                 "paused": until is not None,
                 "paused_until": None if until is None or math.isinf(until) else until,
                 # The pause or resume this view reflects (the command waits for its own).
@@ -283,11 +286,35 @@ def last_sent(mark: Mapping[str, Any] | None) -> float | None:
     return float(sent) if isinstance(sent, (int, float)) else None
 
 
-def _next_due(entry: Any) -> float | None:
+def next_due(entry: Any, mark: Mapping[str, Any] | None) -> float | None:
+    """When *entry* is next due (unix time): its schedule's first slot after its latest run.
+
+    The latest run is the latest of what the entry says (``last_run_at``),
+    what its database row says (django-celery-beat moves the row's
+    ``last_run_at`` at each send, while the entry its scheduler keeps by name
+    holds the time it was loaded with until the table is read again), and
+    the send mark (*mark*'s ``at``: the last send, or the slot a pause
+    skipped). So the next due time never comes before the last send it
+    follows. Naive times count as UTC, as Celery and django-celery-beat read
+    them. None for a schedule whose next slot cannot be told.
+    """
+    runs: list[dt.datetime] = []
+    for run in (
+        getattr(entry, "last_run_at", None),
+        getattr(getattr(entry, "model", None), "last_run_at", None),
+    ):
+        if isinstance(run, dt.datetime):
+            runs.append(run if run.tzinfo is not None else run.replace(tzinfo=dt.timezone.utc))
+    at = mark.get("at") if mark else None
+    if isinstance(at, (int, float)):
+        runs.append(schedule_time(entry, float(at)))
+    if not runs:
+        return None
     try:
-        return float(due_slot(entry).timestamp())
+        slot = slot_after(entry.schedule, max(runs))
     except Exception:  # noqa: BLE001 - a schedule of its own kind: unknown
         return None
+    return None if slot is None else float(slot.timestamp())
 
 
 def _utc(moment: float) -> str:

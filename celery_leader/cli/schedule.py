@@ -38,6 +38,7 @@ from celery_leader.beat.controls import (
     run_value,
     view_of,
 )
+from celery_leader.beat.schedule_text import one_line
 from celery_leader.cli.support import (
     EXIT_LEADER,
     EXIT_NO_LEADER,
@@ -373,7 +374,7 @@ def _await_run(
 
 
 def _table(payload: dict[str, Any]) -> str:
-    """The human view: one header line, then one row per entry."""
+    """The human view: a title line, the column headings, then one line per entry."""
     published = payload.get("published_at")
     age = f"{max(0.0, time.time() - published):.0f} s ago" if published else "at an unknown time"
     leader = payload.get("leader") or "nobody"
@@ -387,11 +388,12 @@ def _table(payload: dict[str, Any]) -> str:
         if row.get("paused"):
             until = row.get("paused_until")
             paused = f"until {_utc(until)}" if until else "yes"
+        # Each cell on one line, whatever a beat (of an earlier version too) published.
         rows.append(
             (
-                str(row.get("name")),
-                str(row.get("task")),
-                str(row.get("schedule")),
+                one_line(row.get("name")),
+                one_line(row.get("task")),
+                one_line(row.get("schedule")),
                 _utc(row.get("last_sent")),
                 _utc(row.get("next_due")),
                 paused,

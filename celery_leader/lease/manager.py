@@ -551,7 +551,19 @@ class LeaseManager:
             hold_until=t_recv + result.hold_off,
             after=self._predecessor(),
         )
-        if result.hold_off > 0:
+        if result.hold_off > 0 and result.restarted_ago is not None:
+            # The data is the store's own, only its server restarted: no word of lost data.
+            logger.warning(
+                "celery-leader: %s holds election %r (token %d); the lease store's server "
+                "restarted %.1f s ago: waiting %.1f s before leading, until one ttl after the "
+                "restart, in case a leader that renewed just before it still acts",
+                self.holder.nodename,
+                self.name,
+                held.token,
+                result.restarted_ago,
+                result.hold_off,
+            )
+        elif result.hold_off > 0:
             logger.warning(
                 "celery-leader: %s holds election %r (token %d), but the store has no record "
                 "of earlier terms (a new store, or one that lost its data): waiting %.1f s "
@@ -824,9 +836,10 @@ class LeaseManager:
         self._observe(ObservationKind.STORE_ERROR, exc.kind)
         message = mask_text(str(exc))
         if message != self._last_error:
+            # A store that explains the refusal itself names the setting already.
             hint = (
                 " (check the credentials in leader_backend_url)"
-                if isinstance(exc, StoreAuthError)
+                if isinstance(exc, StoreAuthError) and "leader_backend_url" not in message
                 else ""
             )
             logger.error(

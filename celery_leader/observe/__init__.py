@@ -2,5 +2,6 @@
 
 * :mod:`~celery_leader.observe.metrics`: Prometheus metrics of an election;
 * :mod:`~celery_leader.observe.health`: the verdict behind ``GET /healthz``;
-* :mod:`~celery_leader.observe.endpoint`: the HTTP server of both.
+* :mod:`~celery_leader.observe.endpoint`: the HTTP server of both;
+* :mod:`~celery_leader.observe.extra`: the check, at start, that the metrics' extra is there.
 """

@@ -50,15 +50,15 @@ from typing import Any
 
 from celery_leader.exceptions import STORE_ERROR_KINDS, ConfigurationError
 from celery_leader.lease import EventKind, LeaseEvent, LossReason, Observation, ObservationKind
+from celery_leader.observe.extra import ERR_NO_PROMETHEUS
 from celery_leader.settings import MetricsSettings
 from celery_leader.signals import leader_task_skipped
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 except ImportError as exc:  # pragma: no cover - the extra is not installed
-    raise ConfigurationError(
-        "leader_metrics needs prometheus_client: pip install 'celery-leader[prometheus]'"
-    ) from exc
+    # Worker and beat check first (celery_leader.observe.extra), naming the setting.
+    raise ConfigurationError(ERR_NO_PROMETHEUS.format(asked_by="leader_metrics")) from exc
 
 #: A beat send later than this after its slot counts as late, seconds.
 LATE_AFTER = 1.0

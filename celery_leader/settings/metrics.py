@@ -104,6 +104,9 @@ class MetricsSettings:
     port_from: str = METRICS_PORT.name
     """Where the port was given, as the user wrote it: the setting, the environment variable
     or the worker option (``CELERY_LEADER_METRICS_PORT``); messages about the port name it."""
+    asked_by: str = f"{METRICS.name}=True"
+    """The setting that turned metrics on, with its value (``leader_metrics_port=9100``):
+    what a missing ``prometheus`` extra is reported against."""
 
 
 @spelled_as_given
@@ -129,10 +132,13 @@ def metrics_settings(
     address = METRICS_ADDRESS.read_or(conf, DEFAULT_METRICS_ADDRESS)
     enabled = METRICS.read_or(conf, False) or port is not None
     stuck_after = HEALTH_STUCK_AFTER.read_or(conf, DEFAULT_STUCK_AFTER)
+    port_from = spelled(conf, given_as) if given_as == setting.name else given_as
+    asked_by = f"{port_from}={port}" if port is not None else f"{METRICS.name}=True"
     return MetricsSettings(
         enabled=enabled,
         port=port,
         address=address,
         stuck_after=stuck_after,
-        port_from=spelled(conf, given_as) if given_as == setting.name else given_as,
+        port_from=port_from,
+        asked_by=asked_by,
     )

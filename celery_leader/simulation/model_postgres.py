@@ -14,11 +14,17 @@ what the epoch is:
   its timeline and the server's start time. Every restart changes the start
   time, so every restart changes it, also one that lost nothing
   (:meth:`~.model_store.ModelStore.restart_keeping_data`, the usual restart
-  of a durable server): the next holder holds off one ttl.
+  of a durable server). When the start time is all that changed, the next
+  holder holds off only until one ttl after the server started
+  (:meth:`PostgresModel.restarted_since`; nothing once that passed): a
+  holder whose term such a restart lost wrote it before the server stopped.
+  Another system identifier or timeline holds it off one ttl from its
+  acquire.
 * **Older data** comes back two ways, both changing the epoch:
   :meth:`PostgresModel.restore` (a file-system snapshot or a backup started
   as the server: a new start time, the same timeline, as crash recovery
-  keeps it) and :meth:`PostgresModel.promote_standby` (an asynchronous
+  keeps it: the bounded hold-off of a restart) and
+  :meth:`PostgresModel.promote_standby` (an asynchronous
   standby that missed the last commits promoted: a new timeline, and a
   server started at another time). The sequence is restored with the data
   it belongs to, so tokens rest on the server's clock after either, by the
@@ -70,7 +76,11 @@ class PostgresModel(ModelStore):
         super().__init__(clock, broken=broken, keep_history=keep_history, log=log)
         #: System identifier, timeline, server start (a count of starts).
         self.system_id, self.timeline, self.started = 1, 1, 1
+        #: When the server last started, on the store's clock.
+        self.started_at = self._clock()
         self._epochs: dict[tuple[int, ...], int] = {}
+        #: Epoch -> (system identifier, timeline): what a restart keeps.
+        self._identity: dict[int, tuple[int, int]] = {}
         self._new_incarnation()
 
     def _new_incarnation(self) -> None:
@@ -79,6 +89,16 @@ class PostgresModel(ModelStore):
         if self.broken is Broken.POSTGRES_NO_START_TIME:
             seen = seen[:2]
         self.epoch = self._epochs.setdefault(seen, len(self._epochs) + 1)
+        self._identity[self.epoch] = (self.system_id, self.timeline)
+        self.started_at = self._clock()
+
+    def restarted_since(self, recorded: int | None) -> float | None:
+        """The start time, when the epoch *recorded* differs from this one only in it."""
+        if recorded is None or recorded == self.epoch:
+            return None
+        if self._identity.get(recorded) != self._identity[self.epoch]:
+            return None
+        return self.started_at
 
     def incarnation(self) -> str:
         """As the store records it: system identifier, timeline, start."""

@@ -409,19 +409,23 @@ class ModelStore(LeaseModel[Data]):
             )
         own_hold_until = current.hold_until if current is not None else 0.0
         meta = data.meta
+        restarted_at = self.restarted_since(meta.epoch) if meta is not None else None
         forgot = rules.store_forgot(
             cannot_tell=not self.reads_epoch,
-            # No meta record: first use, or forgotten. Another epoch: other data.
-            data_replaced=meta is None or meta.epoch != self.epoch,
+            # No meta record: first use, or forgotten. Another epoch: other data (unless
+            # it is the same data's server, restarted).
+            data_replaced=meta is None or (meta.epoch != self.epoch and restarted_at is None),
             vanished_early=rules.lease_vanished_early(
                 current is not None, meta.lease_end if meta is not None else 0.0, now
             ),
         )
+        holds_off = self.broken is not Broken.NO_HOLD_OFF
         hold_until, hold_off = rules.hold_off(
             now=now,
             ttl=ttl,
             own_hold_until=own_hold_until,
-            forgot=forgot and self.broken is not Broken.NO_HOLD_OFF,
+            forgot=forgot and holds_off,
+            restarted_at=restarted_at if holds_off else None,
         )
         now_us = int(now * 1_000_000)
         if self.broken is Broken.COUNTER_ONLY_TOKENS:
@@ -435,7 +439,22 @@ class ModelStore(LeaseModel[Data]):
         self._say("acquire by %s granted: token %d, hold-off %.3f", who, token, hold_off)
         if self.on_grant is not None:
             self.on_grant(token, who, self._real_clock())
-        return AcquireResult(acquired=True, token=token, hold_off=hold_off)
+        return AcquireResult(
+            acquired=True,
+            token=token,
+            hold_off=hold_off,
+            restarted_ago=None if restarted_at is None else now - restarted_at,
+        )
+
+    def restarted_since(self, recorded: int | None) -> float | None:
+        """When the server started (store clock), if only a restart changed the epoch.
+
+        *recorded* is the epoch the last term recorded; None when more than a
+        restart sets it apart from the current one. The Redis store tells no
+        restart apart from other data (its data may be gone with the
+        process): always None. See :func:`rules.hold_off`.
+        """
+        return None
 
     def take_over(self, name: str, holder: Holder, ttl: float) -> AcquireResult:
         """Grant the lease to *holder* even while another holds it (no hold-off).

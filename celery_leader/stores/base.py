@@ -233,6 +233,10 @@ class AcquireResult:
     """Seconds until the current lease ends; None when it never will by itself."""
     foreign: bool = False
     """The lease slot holds a value that no celery-leader store wrote."""
+    restarted_ago: float | None = None
+    """Seconds since the store's server started, when a restart of it that kept the
+    identity of its data is all that changed since the last term (PostgreSQL): the
+    hold-off, if any, then ends one ttl after that start. None otherwise."""
 
 
 class Watch(Protocol):

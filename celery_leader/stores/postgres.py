@@ -24,12 +24,18 @@ restored, a dump loaded, a failover to an asynchronous standby that missed
 the last commits, a crash of a server run with ``synchronous_commit = off``).
 The store records with each acquire the data's incarnation: the cluster's
 system identifier, its current timeline (a promotion or a recovery starts a
-new one) and the server's start time (any restart: it cannot tell one that
-lost nothing from one that did). An acquire that finds another incarnation,
-no record of the election (first use, or a database without its row), or a
-lease gone before its recorded end (deleted by hand) holds the new holder
-off one ttl. The store's sessions commit synchronously whatever the server's
-default. Not told apart: a dump loaded into the same running server.
+new one) and the server's start time. An acquire that finds another cluster
+or timeline, no record of the election (first use, or a database without
+its row), or a lease gone before its recorded end (deleted by hand) holds
+the new holder off one ttl. One that finds only another start time (a
+restart: the rows prove the earlier terms, but a file-system snapshot of
+the same cluster started in the server's place looks the same) holds it off
+until one ttl after the server started, and not at all once that passed: a
+holder of a term such a snapshot lacks renewed it before the server
+stopped (:func:`celery_leader.stores.rules.hold_off`). That assumes no two
+servers took writes for the data at once (see failover below). The store's
+sessions commit synchronously whatever the server's default. Not told
+apart: a dump loaded into the same running server.
 
 Nothing held between two round trips: a row lock lasts until its
 transaction ends, and a client that stops (SIGSTOP, a paused container) or
@@ -142,14 +148,17 @@ CREATE TABLE IF NOT EXISTS celery_leader_member (
     expires_at_us bigint NOT NULL,
     PRIMARY KEY (grp, member)
 );
--- The acquire, in one statement (celery_leader/stores/rules.py, in SQL).
-CREATE OR REPLACE FUNCTION celery_leader_acquire(
+-- The acquire, in one statement (celery_leader/stores/rules.py, in SQL). Dropped first:
+-- an earlier version's has fewer OUT columns, which CREATE OR REPLACE cannot change.
+DROP FUNCTION IF EXISTS celery_leader_acquire(text, text, text, text, integer, bigint, bigint);
+CREATE FUNCTION celery_leader_acquire(
     p_name text, p_lease_id text, p_nodename text, p_hostname text, p_pid integer,
     p_ttl_us bigint, p_min_token bigint,
     OUT o_acquired boolean, OUT o_token bigint, OUT o_hold_off_us bigint,
     OUT o_lease_id text, OUT o_nodename text, OUT o_hostname text, OUT o_pid integer,
     OUT o_held_token bigint, OUT o_acquired_at double precision, OUT o_expires_at_us bigint,
-    OUT o_hold_until_us bigint, OUT o_ttl_us bigint, OUT o_now_us bigint)
+    OUT o_hold_until_us bigint, OUT o_ttl_us bigint, OUT o_now_us bigint,
+    OUT o_restarted_us bigint)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     r record;
@@ -176,16 +185,25 @@ BEGIN
     IF live THEN
         own_hold_until := r.hold_until_us;  -- our own lease (a lost reply): its hold-off runs on
     END IF;
-    -- rules.store_forgot: no record (first use, or a database without its row), another
-    -- incarnation, or a lease gone before its recorded end (rules.lease_vanished_early).
-    forgot := r.incarnation IS NULL OR r.incarnation <> seen
+    -- rules.store_forgot: no record (first use, or a database without its row), data of
+    -- another cluster or timeline (the incarnation's part before its second colon), or a
+    -- lease gone before its recorded end (rules.lease_vanished_early).
+    forgot := r.incarnation IS NULL
+        OR substring(r.incarnation FROM '^[^:]*:[^:]*') <> substring(seen FROM '^[^:]*:[^:]*')
         OR (NOT live AND r.lease_end_us > o_now_us);
+    -- Only the start time differs: the server restarted (rules.hold_off's restarted_at).
+    IF NOT forgot AND r.incarnation <> seen THEN
+        o_restarted_us := (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint;
+    END IF;
     -- rules.hold_off
     o_hold_off_us := GREATEST(0, own_hold_until - o_now_us);
     hold_until := own_hold_until;
     IF forgot THEN
         hold_until := GREATEST(hold_until, o_now_us + p_ttl_us);
         o_hold_off_us := GREATEST(o_hold_off_us, p_ttl_us);
+    ELSIF o_restarted_us IS NOT NULL THEN
+        hold_until := GREATEST(hold_until, o_restarted_us + p_ttl_us);
+        o_hold_off_us := GREATEST(o_hold_off_us, o_restarted_us + p_ttl_us - o_now_us);
     END IF;
     -- rules.next_token, the sequence's last value being drawn - 1
     drawn := nextval('celery_leader_token_seq');
@@ -200,18 +218,25 @@ BEGIN
         WHERE name = p_name;
     o_acquired := true;
 END $$;
+COMMENT ON FUNCTION celery_leader_acquire(text, text, text, text, integer, bigint, bigint)
+    IS 'celery-leader schema 2';
 """
 
-#: True when every object of DDL is there.
-_SCHEMA_COMPLETE = (
-    "SELECT to_regclass('celery_leader_token_seq') IS NOT NULL"
+#: Two booleans: every object of DDL is there; and it is of this version (2, as DDL's
+#: comment on the acquire function says) or a later one. An earlier version's schema (no
+#: comment) is brought up to date by running DDL again.
+_SCHEMA_STATE = (
+    "SELECT complete, complete AND coalesce(substring(obj_description(to_regprocedure("
+    "'celery_leader_acquire(text, text, text, text, integer, bigint, bigint)'), 'pg_proc')"
+    " FROM 'celery-leader schema ([0-9]+)')::int, 1) >= 2"
+    " FROM (SELECT to_regclass('celery_leader_token_seq') IS NOT NULL"
     " AND to_regclass('celery_leader_lease') IS NOT NULL"
     " AND to_regclass('celery_leader_state') IS NOT NULL"
     " AND to_regclass('celery_leader_member') IS NOT NULL"
     " AND to_regprocedure('celery_leader_now_us()') IS NOT NULL"
     " AND to_regprocedure('celery_leader_incarnation()') IS NOT NULL"
-    " AND to_regprocedure('celery_leader_acquire(text, text, text, text, integer, bigint, bigint)')"
-    " IS NOT NULL"
+    " AND to_regprocedure('celery_leader_acquire(text, text, text, text, integer, bigint,"
+    " bigint)') IS NOT NULL AS complete) AS schema"
 )
 _SCHEMA_LOCK = 0x63656C6C  # the advisory lock the schema is created under ("cell")
 
@@ -222,6 +247,16 @@ ERR_SCHEMA_INCOMPLETE = (
     " complete it: run celery_leader.stores.postgres.DDL (printed on the docs' PostgreSQL"
     " store page) as the owner of the tables; it keeps what is there"
 )
+
+
+#: Warned once per process when the schema is complete but from an earlier version, and
+#: the store's role may not bring it up to date: it works, as that version did.
+WARN_SCHEMA_OUTDATED = (
+    "celery-leader: the PostgreSQL schema of %s is from an earlier version and this role may "
+    "not update it: run celery_leader.stores.postgres.DDL as the owner of the tables (it keeps "
+    "what is there). Until then a restart of the server holds the next leader off one whole ttl"
+)
+_outdated_warned: set[str] = set()
 
 
 class _SchemaNotCreatableError(Exception):
@@ -367,6 +402,9 @@ class PostgresLeaseStore:
                 ),
             ).fetchone()
             acquired, token, hold_off_us, now_us = row[0], row[1], row[2], int(row[12])
+            # An earlier version's function (a schema this role may not update) has no
+            # start-time column: its restarts count as another incarnation.
+            restarted_us = row[13] if len(row) > _RESTARTED_COLUMN else None
             if not acquired:
                 # The holder's columns, in the order _record reads them.
                 held = (row[3], row[4], row[5], row[6], row[7], row[8], row[9], row[10], row[11])
@@ -375,7 +413,12 @@ class PostgresLeaseStore:
                     holder=_record(held, now_us),
                     retry_in=(int(row[9]) - now_us) / 1e6,
                 )
-            return AcquireResult(acquired=True, token=int(token), hold_off=int(hold_off_us) / 1e6)
+            return AcquireResult(
+                acquired=True,
+                token=int(token),
+                hold_off=int(hold_off_us) / 1e6,
+                restarted_ago=None if restarted_us is None else (now_us - int(restarted_us)) / 1e6,
+            )
 
         result: AcquireResult = self._call("acquire", body)
         return result
@@ -674,23 +717,38 @@ class _Connection:
             conn = _connect(self.key[0], self.key[1], "celery-leader")
             # Every new connection makes sure of the schema (connections are rare): a
             # database restored or recreated without the tables gets them back. Only what
-            # is missing needs CREATE: a schema made beforehand needs no such privilege.
+            # is missing or outdated needs CREATE: a schema made beforehand needs no such
+            # privilege.
             try:
-                (complete,) = conn.execute(_SCHEMA_COMPLETE).fetchone()
-                if not complete:
-                    # CREATE OR REPLACE and IF NOT EXISTS: also brings an earlier version's
-                    # schema up to date, keeping its rows.
-                    with conn.transaction():
-                        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-                        conn.execute(DDL)
-            except _psycopg().errors.InsufficientPrivilege:
-                conn.close()
-                raise _SchemaNotCreatableError from None
+                complete, current = conn.execute(_SCHEMA_STATE).fetchone()
+                if not current:
+                    self._update_schema(conn, complete)
             except BaseException:
                 conn.close()
                 raise
             self._conn = conn
         return self._conn
+
+    def _update_schema(self, conn: Any, complete: bool) -> None:
+        """Run DDL (under an advisory lock: two workers may start at once).
+
+        IF NOT EXISTS and CREATE OR REPLACE: it keeps the rows, and brings an
+        earlier version's schema up to date. A role that may not run it gets
+        :class:`_SchemaNotCreatableError` when something is missing; with an
+        earlier version's complete schema it goes on as that version did,
+        after one warning.
+        """
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                conn.execute(DDL)
+        except _psycopg().errors.InsufficientPrivilege:
+            if not complete:
+                raise _SchemaNotCreatableError from None
+            where = mask_url(self.key[0])
+            if where not in _outdated_warned:
+                _outdated_warned.add(where)
+                logger.warning(WARN_SCHEMA_OUTDATED, where)
 
     def drop(self) -> None:
         self._forget_if_forked()
@@ -713,6 +771,10 @@ class _Connection:
                 self.drop()
             finally:
                 self.lock.release()
+
+
+#: The acquire function's column of the server's start time (the last one, since version 2).
+_RESTARTED_COLUMN = 13
 
 
 def _record(row: Any, now_us: int) -> LeaseRecord:

@@ -117,6 +117,23 @@ KEY_PREFIX = "celery-leader"
 
 _AUTH_MARKERS = ("WRONGPASS", "NOAUTH", "NOPERM", "invalid username-password", "AUTH")
 
+#: Said when the server wants a password and the URL gives none. redis-py's own words
+#: ("HELLO must be called with the client already authenticated...", "NOAUTH
+#: Authentication required") name neither the cause nor the setting.
+ERR_AUTH_NEEDED = (
+    "the server needs a password and leader_backend_url gives none "
+    "(write it before the host: :PASSWORD@, or USER:PASSWORD@ for an ACL user)"
+)
+#: Said when the server refused the user name or password the URL gives.
+ERR_AUTH_REFUSED = (
+    "the server refused the password in leader_backend_url (check the credentials: a wrong "
+    "password, or an ACL user that does not exist or is disabled)"
+)
+#: Said when the URL gives a password to a server that has none set.
+ERR_AUTH_UNEXPECTED = (
+    "leader_backend_url gives a password, but the server has none set for its default user"
+)
+
 
 def lease_key(name: str) -> str:
     """The key that holds the lease record of election *name*."""
@@ -455,10 +472,10 @@ class RedisLeaseStore:
         try:
             yield
         except redis.AuthenticationError as exc:
-            raise StoreAuthError(self._message(what, exc)) from None
+            raise StoreAuthError(self._auth_message(what, exc)) from None
         except redis.ResponseError as exc:
             if any(marker in str(exc) for marker in _AUTH_MARKERS):
-                raise StoreAuthError(self._message(what, exc)) from None
+                raise StoreAuthError(self._auth_message(what, exc)) from None
             raise StoreError(self._message(what, exc)) from None
         except (redis.ConnectionError, ConnectionError) as exc:
             raise StoreUnreachableError(self._message(what, exc)) from None
@@ -470,6 +487,25 @@ class RedisLeaseStore:
     def _message(self, what: str, exc: BaseException) -> str:
         detail = mask_text(str(exc)) or type(exc).__name__
         return f"lease store {self.url}: {what} failed: {detail}"
+
+    def _auth_message(self, what: str, exc: BaseException) -> str:
+        """What a refused authentication means, in words naming ``leader_backend_url``.
+
+        Whether the URL gave a password is read from the client's connection
+        settings (the Sentinel store's too), never the password itself. An
+        ACL refusal of a command or key (``NOPERM``) keeps the server's words:
+        they name what is not allowed.
+        """
+        text = str(exc)
+        if "NOPERM" in text:
+            return self._message(what, exc)
+        if "without any password configured" in text:
+            reason = ERR_AUTH_UNEXPECTED
+        elif self._client.connection_pool.connection_kwargs.get("password"):
+            reason = ERR_AUTH_REFUSED
+        else:
+            reason = ERR_AUTH_NEEDED
+        return f"lease store {self.url}: {what} failed: {reason}"
 
     def acquire(self, name: str, holder: Holder, ttl: float, min_token: int = 0) -> AcquireResult:
         """Take the lease when free or ours; see the module docstring for data loss."""

@@ -93,14 +93,21 @@ def store_class(url: str) -> LeaseStoreClass:
     try:
         return _load(paths[scheme])
     except MissingExtraError as exc:
-        # The store's own message is the whole hint (which store, which extra, the
-        # pip line): wrapped in "the ... store cannot be loaded" it would name the
-        # store twice.
-        raise ConfigurationError(f"leader_backend_url={mask_url(url)!r}: {exc}") from None
+        raise _extra_missing(url, exc) from None
     except ImportError as exc:
         raise ConfigurationError(
             f"leader_backend_url={mask_url(url)!r}: the {scheme}:// store cannot be loaded: {exc}"
         ) from None
+
+
+def _extra_missing(url: str, exc: MissingExtraError) -> ConfigurationError:
+    """The one-line error for a store whose extra is not installed, naming the setting.
+
+    The store's own message is the whole hint (which store, which extra, the
+    pip line): wrapped in "the ... store cannot be loaded" it would name the
+    store twice.
+    """
+    return ConfigurationError(f"leader_backend_url={mask_url(url)!r}: {exc}")
 
 
 def _url_starts(paths: Mapping[str, str], *, by_scheme: bool = False) -> list[str]:
@@ -179,5 +186,14 @@ def open_store(url: str, *, timeout: float, options: Mapping[str, Any] | None = 
 
     *options* carries store-specific settings (e.g. Azure credentials).
     Opening connects lazily: an unreachable store raises on first use, not here.
+    A store that imports its SDK only when opened (PostgreSQL, etcd) and finds
+    its extra missing raises :class:`ConfigurationError` naming
+    ``leader_backend_url`` and the extra, as :func:`store_class` does for one
+    that imports it with its module: every caller (worker, beat, the CLI)
+    reports one line, not a traceback.
     """
-    return store_class(url).from_url(url, timeout=timeout, options=dict(options or {}))
+    cls = store_class(url)
+    try:
+        return cls.from_url(url, timeout=timeout, options=dict(options or {}))
+    except MissingExtraError as exc:
+        raise _extra_missing(url, exc) from None

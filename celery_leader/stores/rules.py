@@ -21,7 +21,10 @@ The two rules, for one acquire that succeeds:
   :func:`store_forgot`), the old holder may still trust its local validity for
   up to one ttl, so the new holder waits one ttl before acting. A holder that
   re-acquires its own lease (its earlier reply was lost) keeps what is left of
-  its earlier hold-off.
+  its earlier hold-off. When all that changed is that the store's server
+  restarted, keeping the identity of its data (PostgreSQL: the same cluster,
+  on the same timeline), the wait ends one ttl after the server started,
+  not one ttl after the acquire (see :func:`hold_off`).
 
 Units are the caller's: tokens are integers (microseconds on the clock the
 store uses for tokens); hold-off inputs may be integer microseconds or float
@@ -97,7 +100,13 @@ def store_forgot(
 
 
 def hold_off(
-    *, now: Time, ttl: Time, own_hold_until: Time, forgot: bool, now_latest: Time | None = None
+    *,
+    now: Time,
+    ttl: Time,
+    own_hold_until: Time,
+    forgot: bool,
+    now_latest: Time | None = None,
+    restarted_at: Time | None = None,
 ) -> tuple[Time, Time]:
     """The new term's hold-off: ``(hold_until, wait)``, both in the unit of the arguments.
 
@@ -113,6 +122,18 @@ def hold_off(
     lease's end. ``wait`` is what the caller waits from the reply: what is left
     of its own hold-off, and with a store that forgot at least one ttl (the
     reply comes after the grant, so one ttl from it covers the old holder).
+
+    *restarted_at* (on the store's clock) is when the store's server started,
+    given when nothing but a restart changed since the last term: the server
+    kept the identity of its data, so only an older copy of the same data
+    started in its place (a file-system snapshot) could lack a term, and the
+    store cannot tell that from a restart that kept every write. A holder of a
+    term such a copy lacks wrote it to the server before the server stopped,
+    so before *restarted_at*, and its local validity ends within one ttl of
+    that: ``hold_until`` is then ``restarted_at + ttl`` and ``wait`` what is
+    left of it (nothing once that passed), never less than the own hold-off.
+    Assumes the old server stopped before the new one started (no two servers
+    took writes for the data at once). Ignored when *forgot*.
     """
     zero = ttl * 0  # 0 in the caller's unit, int or float
     wait = max(zero, own_hold_until - now)
@@ -121,4 +142,7 @@ def hold_off(
         latest = now if now_latest is None else now_latest
         until = max(until, latest + ttl)
         wait = max(wait, ttl)
+    elif restarted_at is not None:
+        until = max(until, restarted_at + ttl)
+        wait = max(wait, restarted_at + ttl - now)
     return until, wait

@@ -32,6 +32,7 @@ from celery_leader.elections.balancer import Balancer
 from celery_leader.elections.run_table import RUN_SLOTS
 from celery_leader.elections.shared_lease import MAX_ELECTIONS
 from celery_leader.exceptions import ConfigurationError
+from celery_leader.observe.extra import check_metrics_extra
 from celery_leader.settings import LeaderSettings, app_settings, spelled_in
 from celery_leader.startup_error import StartupConfigurationError
 from celery_leader.stores import open_store
@@ -224,6 +225,7 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
         _check_elections(elections, self.app_settings.names.leader)
         try:
             if settings.metrics.enabled:
+                check_metrics_extra(settings.metrics)
                 from celery_leader.observe.metrics import enable_metrics  # noqa: PLC0415 - optional extra
             # One store client per election: each lease manager renews on its own thread.
             stores = {election: self._open_store() for election in elections}

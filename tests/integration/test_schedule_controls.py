@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from datetime import datetime
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -246,3 +247,48 @@ def test_django_entries_not_loaded_yet_are_listed_and_run(cluster_for, tmp_path)
     while not [s for s in ticks_after(cluster, asked) if s["entry"] == "far"]:
         assert time.monotonic() < deadline, "the far entry was not sent"
         time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_django_list_is_one_row_per_entry_and_next_due_follows_last_sent(
+    cluster_for, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """django-celery-beat: a crontab's schedule on one line, one row per entry, and the next
+    due time counted from the last send (the table's last_run_at is saved only minutes later)."""
+    cluster = cluster_for("redis")
+    cluster.env.update(
+        {
+            "LEADER_DJANGO_DB": str(tmp_path / "beat.sqlite3"),
+            "LEADER_DJANGO_EVERY": "1",
+            "LEADER_DJANGO_CRONTAB": "*/5",
+        }
+    )
+    setup_db(cluster)
+    cluster.start(1)
+    cluster.start_beat(app=DJANGO_APP)
+    wait_sending(cluster, cluster.beats, timeout=30)
+    wait_view(cluster, DJANGO_APP)
+    time.sleep(4)  # "tick" is sent a few times more: its row's last_run_at is now stale
+    view = wait_view(cluster, DJANGO_APP)
+    rows = {row["name"]: row for row in view["entries"]}
+    assert {"tick", "minutes"} <= set(rows), view
+    tick = rows["tick"]
+    assert tick["last_sent"] > view["published_at"] - 3, tick
+    # The next slot of a 1 s interval follows its last send (sent when due, so it is at
+    # most a second on); before the fix it was counted from the run the table last saved.
+    assert tick["last_sent"] - 0.5 <= tick["next_due"] <= tick["last_sent"] + 2.5, tick
+    minutes = rows["minutes"]
+    assert minutes["schedule"] == "crontab(*/5 * * * *, Europe/Paris)", minutes
+    due = datetime.fromtimestamp(minutes["next_due"], tz=ZoneInfo("Europe/Paris"))
+    assert due.minute % 5 == 0 and due.second == 0, due
+    assert 0 < minutes["next_due"] - view["published_at"] <= 300, minutes
+
+    table = schedule(cluster, DJANGO_APP, "list")
+    assert table.returncode == 0, table.stdout + table.stderr
+    lines = table.stdout.splitlines()
+    # The title, the column headings, then exactly one line per entry, in name order.
+    assert len(lines) == 2 + len(rows), table.stdout
+    assert lines[1].split()[:3] == ["ENTRY", "TASK", "SCHEDULE"], lines[1]
+    assert [line.split()[0] for line in lines[2:]] == sorted(rows), table.stdout
+    row = next(line for line in lines[2:] if line.startswith("minutes "))
+    assert "crontab(*/5 * * * *, Europe/Paris)" in row, row

@@ -184,21 +184,40 @@ def test_store_down_worker_serves_and_leads_once_store_is_back(cluster_for, tmp_
         store.stop()
 
 
-def test_wrong_store_password_is_one_masked_error(cluster_for, tmp_path):
-    """A store that rejects the password: ordinary tasks run; one clear error; no secret shown."""
+@pytest.mark.parametrize(
+    ("userinfo", "says"),
+    [
+        ("", "the server needs a password and leader_backend_url gives none"),
+        (":wrongpass7@", "the server refused the password in leader_backend_url"),
+    ],
+    ids=["no-password", "wrong-password"],
+)
+def test_store_password_missing_or_wrong_is_one_clear_masked_error(
+    cluster_for, tmp_path, userinfo, says
+):
+    """A store that wants a password: ordinary tasks run; the worker and a beat each log one
+    line that says what is wrong and names leader_backend_url; no secret is shown."""
     cluster = cluster_for("redis")
     store = RedisServer(tmp_path, extra=["--requirepass", "rightpass"]).start()
     try:
-        cluster.env["LEADER_STORE"] = f"redis://:wrongpass7@127.0.0.1:{store.port}/0"
+        cluster.env["LEADER_STORE"] = f"redis://{userinfo}127.0.0.1:{store.port}/0"
+        cluster.env["LEADER_BEAT_EVERY"] = "1"  # a led beat
         (worker,) = cluster.start(1)
+        beat = cluster.start_beat()
         cluster.send("plain_record", 1)
         rows = cluster.wait_history(lambda r: len(runs(r, "plain")) >= 1, 15)
         assert len(runs(rows, "plain")) == 1
+        deadline = time.monotonic() + 15
+        while not leader_errors(beat):
+            assert time.monotonic() < deadline, beat.text()[-3000:]
+            time.sleep(0.1)
         time.sleep(1.0)
-        errors = leader_errors(worker)
-        assert len(errors) == 1, errors
-        assert "credentials" in errors[0]
-        assert "wrongpass7" not in worker.text() and "rightpass" not in worker.text()
+        for process in (worker, beat):
+            errors = leader_errors(process)
+            assert len(errors) == 1, errors
+            assert says in errors[0], errors[0]
+            assert "HELLO" not in errors[0] and "username-password" not in errors[0]
+            assert "wrongpass7" not in process.text() and "rightpass" not in process.text()
     finally:
         store.stop()
 

@@ -126,7 +126,8 @@ class Stage:
     store_url: str
     election: str
     store: BedServer
-    #: When the store's server answered again after a fault that restarted it.
+    #: When the store's server was started again after a fault that restarted it (taken
+    #: just before the start: the server's own start time is no earlier).
     store_back_at: float | None = None
 
 
@@ -155,8 +156,9 @@ class Fault:
     #: Seconds (given the ttl and the renew interval) the bounds on a new leader and on a
     #: gap in the runs exceed the usual ones by: the time the fault takes to be noticed.
     noticed_within: Callable[[float, float], float] = lambda ttl, renew: 0.0
-    #: The store restarts: the first acquire after it holds its holder off one ttl, so the
-    #: first run of a newer term starts at least a ttl after the store answered again.
+    #: The store restarts: the first acquire after it holds its holder off until one ttl
+    #: after the server started, so the first run of a newer term starts at least a ttl
+    #: after the store's server was started again.
     holds_off: bool = False
 
 
@@ -243,7 +245,8 @@ def _restart_store(stage: Stage) -> None:
     """The store's server killed (``kill -9``, as a crash) and started again on its host.
 
     PostgreSQL recovers from its WAL (the lease rows survive); its start time is
-    another, so the next acquire holds its holder off one ttl (docs/stores/postgresql.md).
+    another, so the next acquire holds its holder off until one ttl after the start
+    (docs/stores/postgresql.md).
     """
     server = stage.store
     assert isinstance(server, PostgresServer)
@@ -255,14 +258,14 @@ def _store_down_past_ttl(stage: Stage) -> None:
     """The store's server killed, left down past the ttl, and started again.
 
     The leader cannot renew and loses its lease; whoever acquires next finds another
-    server start time and holds off one ttl (docs/stores/postgresql.md).
+    server start time and holds off until one ttl after it (docs/stores/postgresql.md).
     """
     server = stage.store
     assert isinstance(server, PostgresServer)
     server.kill()
     time.sleep(stage.ttl + 1.0)
-    server.start()
     stage.store_back_at = time.monotonic()
+    server.start()
 
 
 def _freeze_follower(stage: Stage) -> None:
@@ -413,8 +416,8 @@ class Outcome:
     renew: float = TTL / 3
     #: Seconds from the fault to the heal.
     held_s: float | None = None
-    #: Seconds from the store answering again after a restart to the first run of a
-    #: newer term (faults that restart the store).
+    #: Seconds from the store's server being started again to the first run of a newer
+    #: term (faults that restart the store).
     after_restart_s: float | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -475,8 +478,8 @@ class Outcome:
             found.append(f"{self.summary.terms} terms: the lease moved, it should not have")
         if self.fault.holds_off and (self.after_restart_s is None or self.after_restart_s < ttl):
             found.append(
-                f"a newer term ran {self.after_restart_s} s after the store came back: "
-                f"no hold-off of one ttl ({ttl:g} s)"
+                f"a newer term ran {self.after_restart_s} s after the store was started again: "
+                f"no hold-off until one ttl ({ttl:g} s) after the start"
             )
         gap_bound = ttl + noticed + NEW_LEADER_BOUND + self.fault.gap_allowance(ttl)
         if self.longest_gap_s is None or self.longest_gap_s > gap_bound:
@@ -527,7 +530,7 @@ class Outcome:
                 f"{_seconds(self.longest_gap_s)} s, resumed {_seconds(self.resumed_s)} s, "
                 f"handover gap {_seconds(self.handover_gap_s)} s, held {_seconds(self.held_s)} s"
                 + (
-                    f", newer term {_seconds(self.after_restart_s)} s after the store came back"
+                    f", newer term {_seconds(self.after_restart_s)} s after the store's start"
                     if self.fault.holds_off
                     else ""
                 ),

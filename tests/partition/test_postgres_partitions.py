@@ -22,7 +22,8 @@ def test_server_down_past_the_ttl_then_restarted_holds_the_next_leader_off_one_t
     postgres_bed: PartitionBed,
 ) -> None:
     """PostgreSQL killed, down past the ttl, started again: the leader lost its lease, and
-    the next term's first run comes at least one ttl after the server answered again."""
+    the next term's first run comes at least one ttl after the server was started again
+    (the hold-off ends one ttl after the server's start, not one after the acquire)."""
     outcome = run_scenario(postgres_bed, FAULTS["store-down-restart"])
     assert outcome.after_restart_s is not None, outcome.report()
     assert outcome.after_restart_s >= outcome.ttl, outcome.report()

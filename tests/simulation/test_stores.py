@@ -80,6 +80,8 @@ def _postgres(broken: Broken | None = None) -> tuple[_Clock, PostgresModel]:
     ],
 )
 def test_postgres_holds_off_after_every_restart_and_every_loss(fault, incarnation):
+    """One ttl after a loss; after a restart on the same timeline (a snapshot started in its
+    place looks the same) until one ttl after the server started: b may act until 8 either way."""
     clock, store = _postgres()
     if fault == "restart":
         store.restart_keeping_data()
@@ -95,8 +97,19 @@ def test_postgres_holds_off_after_every_restart_and_every_loss(fault, incarnatio
     assert store.incarnation() == f"incarnation {incarnation}"
     clock.now = 6.5
     result = store.acquire("sim", _holder("c"), 3.0)
-    assert result.acquired and result.hold_off == 3.0  # b may still act until 8
+    restarted = fault in ("restart", "snapshot")  # the server started at 6
+    assert result.acquired and result.hold_off == (2.5 if restarted else 3.0)
+    assert result.restarted_ago == (0.5 if restarted else None)
     assert result.token == 6_500_000
+
+
+def test_postgres_holds_off_nothing_once_a_ttl_passed_since_the_restart():
+    """The server back for a ttl already: every holder of a term a restart lost is over."""
+    clock, store = _postgres()
+    store.restart_keeping_data()  # at 6
+    clock.now = 9.0
+    result = store.acquire("sim", _holder("c"), 3.0)
+    assert result.acquired and result.hold_off == 0.0 and result.restarted_ago == 3.0
 
 
 def test_postgres_tokens_come_from_a_sequence_restored_with_the_data():

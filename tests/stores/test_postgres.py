@@ -100,24 +100,6 @@ def test_a_paused_server_ends_a_call_at_its_deadline_and_the_store_recovers(serv
         store.close()
 
 
-def test_a_restart_of_the_server_holds_the_next_holder_off(server):
-    """The store cannot tell a restart that lost nothing from one that did (a snapshot
-    restored, commits acknowledged but not on disk): the next holder waits one ttl."""
-    store = open_store(server.url, timeout=2.0)
-    try:
-        first = store.acquire("job", Holder("a", "n", "h", 1), 1.0)
-        assert first.acquired
-        assert store.release("job", "a")
-        assert store.acquire("job", Holder("b", "n", "h", 1), 1.0).hold_off == 0
-        server.kill()
-        server.start()
-        time.sleep(1.1)  # b's lease ran out
-        after = store.acquire("job", Holder("c", "n", "h", 1), 2.0)
-        assert after.acquired and after.hold_off >= 1.9, after
-    finally:
-        store.close()
-
-
 def test_no_password_in_an_error_even_when_libpq_quotes_the_url():
     from celery_leader.exceptions import StoreError
 

@@ -136,7 +136,15 @@ class Driver:
         raise NotImplementedError
 
 
-def check(driver: Driver, holder: Holder, *, forgot: bool, min_token: int = 0, ttl=None):
+def check(
+    driver: Driver,
+    holder: Holder,
+    *,
+    forgot: bool,
+    min_token: int = 0,
+    ttl=None,
+    restarted_at=None,
+):
     """Acquire once; the token, hold-off and recorded end must be within the oracle's bounds."""
     ttl = driver.ttl if ttl is None else ttl
     last = driver.last_token()
@@ -162,6 +170,7 @@ def check(driver: Driver, holder: Holder, *, forgot: bool, min_token: int = 0, t
             own_hold_until=own,
             forgot=forgot,
             now_latest=reading.hold_clock_latest,
+            restarted_at=restarted_at,
         )
 
     (until_low, wait_high), (until_high, wait_low) = oracle(before), oracle(after)
@@ -556,15 +565,40 @@ def test_redis_keeps_an_own_hold_off_when_the_store_forgets_again(redis_server):
 
 
 def test_postgres_keeps_an_own_hold_off_when_the_store_forgets_again(postgres_server):
-    """The same on PostgreSQL: a restart of the server is another incarnation."""
+    """The same on PostgreSQL: data of another cluster or timeline is another incarnation."""
     driver = PostgresDriver(postgres_server, 10.0)
     try:
         driver.acquire(A)  # a fresh store: hold off until now + 10 s
+        # As a promotion records it: the next acquire reads another timeline.
+        driver._one("UPDATE celery_leader_lease SET incarnation = '0:00000009:' || incarnation")
+        check(driver, A, forgot=True, ttl=2.0)
+    finally:
+        driver.close()
+
+
+def test_postgres_holds_off_until_one_ttl_after_a_restart(postgres_server):
+    """A restart that kept the rows (kill -9, a start recovering from the WAL): the oracle's
+    hold-off with the server's start time, until one ttl after it, for another holder and
+    for the holder of a lease the restart kept."""
+    driver = PostgresDriver(postgres_server, 10.0)
+    try:
+        driver.acquire(A)  # a fresh store: hold off until now + 10 s
+        driver.release(A)
+        driver.acquire(B, ttl=1.0)
         postgres_server.kill()
         postgres_server.start()
         driver.conn.close()
         driver.conn = psycopg.connect(postgres_server.url, autocommit=True)
-        check(driver, A, forgot=True, ttl=2.0)
+        (started,) = driver._one(
+            "SELECT (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint"
+        )
+        time.sleep(1.1)  # B's lease ran out
+        result = check(driver, A, forgot=False, restarted_at=int(started))
+        assert 0 < result.hold_off < 10.0 and result.restarted_ago is not None, result
+        # The holder asks again (a lost reply): the restart is recorded now, what is left
+        # of its own hold-off remains.
+        again = check(driver, A, forgot=False)
+        assert 0 < again.hold_off <= result.hold_off and again.restarted_ago is None, again
     finally:
         driver.close()
 

@@ -33,14 +33,17 @@ CREATE TABLE IF NOT EXISTS celery_leader_member (
     expires_at_us bigint NOT NULL,
     PRIMARY KEY (grp, member)
 );
--- The acquire, in one statement (celery_leader/stores/rules.py, in SQL).
-CREATE OR REPLACE FUNCTION celery_leader_acquire(
+-- The acquire, in one statement (celery_leader/stores/rules.py, in SQL). Dropped first:
+-- an earlier version's has fewer OUT columns, which CREATE OR REPLACE cannot change.
+DROP FUNCTION IF EXISTS celery_leader_acquire(text, text, text, text, integer, bigint, bigint);
+CREATE FUNCTION celery_leader_acquire(
     p_name text, p_lease_id text, p_nodename text, p_hostname text, p_pid integer,
     p_ttl_us bigint, p_min_token bigint,
     OUT o_acquired boolean, OUT o_token bigint, OUT o_hold_off_us bigint,
     OUT o_lease_id text, OUT o_nodename text, OUT o_hostname text, OUT o_pid integer,
     OUT o_held_token bigint, OUT o_acquired_at double precision, OUT o_expires_at_us bigint,
-    OUT o_hold_until_us bigint, OUT o_ttl_us bigint, OUT o_now_us bigint)
+    OUT o_hold_until_us bigint, OUT o_ttl_us bigint, OUT o_now_us bigint,
+    OUT o_restarted_us bigint)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     r record;
@@ -67,16 +70,25 @@ BEGIN
     IF live THEN
         own_hold_until := r.hold_until_us;  -- our own lease (a lost reply): its hold-off runs on
     END IF;
-    -- rules.store_forgot: no record (first use, or a database without its row), another
-    -- incarnation, or a lease gone before its recorded end (rules.lease_vanished_early).
-    forgot := r.incarnation IS NULL OR r.incarnation <> seen
+    -- rules.store_forgot: no record (first use, or a database without its row), data of
+    -- another cluster or timeline (the incarnation's part before its second colon), or a
+    -- lease gone before its recorded end (rules.lease_vanished_early).
+    forgot := r.incarnation IS NULL
+        OR substring(r.incarnation FROM '^[^:]*:[^:]*') <> substring(seen FROM '^[^:]*:[^:]*')
         OR (NOT live AND r.lease_end_us > o_now_us);
+    -- Only the start time differs: the server restarted (rules.hold_off's restarted_at).
+    IF NOT forgot AND r.incarnation <> seen THEN
+        o_restarted_us := (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint;
+    END IF;
     -- rules.hold_off
     o_hold_off_us := GREATEST(0, own_hold_until - o_now_us);
     hold_until := own_hold_until;
     IF forgot THEN
         hold_until := GREATEST(hold_until, o_now_us + p_ttl_us);
         o_hold_off_us := GREATEST(o_hold_off_us, p_ttl_us);
+    ELSIF o_restarted_us IS NOT NULL THEN
+        hold_until := GREATEST(hold_until, o_restarted_us + p_ttl_us);
+        o_hold_off_us := GREATEST(o_hold_off_us, o_restarted_us + p_ttl_us - o_now_us);
     END IF;
     -- rules.next_token, the sequence's last value being drawn - 1
     drawn := nextval('celery_leader_token_seq');
@@ -91,3 +103,5 @@ BEGIN
         WHERE name = p_name;
     o_acquired := true;
 END $$;
+COMMENT ON FUNCTION celery_leader_acquire(text, text, text, text, integer, bigint, bigint)
+    IS 'celery-leader schema 2';

@@ -5,7 +5,9 @@
 default queue, where the test's worker records who sent it. With
 ``LEADER_DJANGO_ONE_OFF_IN`` set, a one-off entry runs once that many seconds
 from now; with ``LEADER_DJANGO_FAR_CRONTAB`` set, a daily crontab entry
-"far" falls due six hours from now.
+"far" falls due six hours from now; with ``LEADER_DJANGO_CRONTAB`` set to a
+minute field (``*/5``), an entry "minutes" runs on that crontab, in the time
+zone ``Europe/Paris``.
 """
 
 from __future__ import annotations
@@ -64,6 +66,19 @@ if os.environ.get("LEADER_DJANGO_FAR_CRONTAB"):
             "task": "tests.integration.leaderapp.beat_tick",
             "crontab": CrontabSchedule.objects.create(minute="0", hour=str(hour)),
             "args": json.dumps(["far"]),
+            "queue": f"{os.environ['LEADER_NAME']}.default",
+        },
+    )
+if os.environ.get("LEADER_DJANGO_CRONTAB"):
+    # A crontab in a zone of its own, as the admin lets one pick.
+    PeriodicTask.objects.update_or_create(
+        name="minutes",
+        defaults={
+            "task": "tests.integration.leaderapp.beat_tick",
+            "crontab": CrontabSchedule.objects.create(
+                minute=os.environ["LEADER_DJANGO_CRONTAB"], timezone="Europe/Paris"
+            ),
+            "args": json.dumps(["minutes"]),
             "queue": f"{os.environ['LEADER_NAME']}.default",
         },
     )
