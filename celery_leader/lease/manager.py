@@ -252,11 +252,11 @@ class LeaseManager:
         #: The last attempt to acquire got no answer (an error, a timeout); cleared by one that did.
         self._acquire_failing = False
         self._foreign_logged = False
-        #: The last holder a failed acquire saw (thread-private), and whether the
-        #: store announced a release since: the story the logs tell.
+        #: The last holder a failed acquire saw (thread-private), and when the store
+        #: first announced a release since (None: not yet): the story the logs tell.
         self._seen: LeaseRecord | None = None
         self._seen_until = 0.0
-        self._release_heard = False
+        self._release_heard_at: float | None = None
         self._thread: threading.Thread | None = None
 
     # -- reading (any thread) -------------------------------------------------
@@ -428,7 +428,8 @@ class LeaseManager:
 
     def _on_store_change(self) -> None:
         if self._held is None:
-            self._release_heard = True
+            if self._release_heard_at is None:
+                self._release_heard_at = self._clock()
             self._wake.set()
 
     def step(self) -> float:
@@ -680,7 +681,7 @@ class LeaseManager:
             )
         self._seen = record
         self._seen_until = self._clock() + record.expires_in
-        self._release_heard = False
+        self._release_heard_at = None
 
     def _is_us(self, record: LeaseRecord) -> bool:
         """True when *record* is this process's own (a restart with the same name is not us)."""
@@ -692,10 +693,13 @@ class LeaseManager:
         if seen is None or self._is_us(seen):
             return ""
         # A watch call-back alone proves nothing (a watch also calls back when it
-        # reconnects): released means heard of, and taken before the lease's end.
+        # reconnects): released means heard of before the lease's end. When it was
+        # heard counts, not when this acquire came: a balancer may have held the
+        # acquire back past the end the lease would have had.
+        heard = self._release_heard_at
         if not seen.expires_in_exact:
             how = "whose lease ended (released or expired: the store does not say which)"
-        elif self._release_heard and self._clock() < self._seen_until - RELEASE_SLACK:
+        elif heard is not None and heard < self._seen_until - RELEASE_SLACK:
             how = "which released it"
         else:
             how = "whose lease expired"

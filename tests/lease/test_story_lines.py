@@ -1,0 +1,60 @@
+"""What a new leader's line says of the term it follows: released, or expired.
+
+The real LeaseManager driven step by step on a virtual clock, against the
+model store of :mod:`tests.lease.test_lease_deadlines` that also says who
+holds the lease when an acquire is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery_leader.stores.base import AcquireResult, LeaseRecord
+from tests.lease.test_lease_deadlines import Clock, ModelStore, drive, make
+
+
+class StoryStore(ModelStore):
+    """The model store, naming the holder (n2, token 7) when it refuses an acquire."""
+
+    def acquire(self, name, holder, ttl, min_token=0):
+        result = super().acquire(name, holder, ttl, min_token)
+        if result.acquired:
+            return result
+        record = LeaseRecord("n2", "h2", 2, 7, 0.0, self.expires_at - self.clock())
+        return AcquireResult(acquired=False, retry_in=result.retry_in, holder=record)
+
+    def release_by_holder(self) -> None:
+        self.holder = None
+
+
+def follow(delays, release_at=None):
+    """n1 follows n2 (lease ends at 102); n2 may release at *release_at*; n1's line."""
+    clock, events = Clock(), []
+    store = StoryStore(clock)
+    store.holder, store.expires_at = "n2-lease", 102.0
+    manager = make(clock, store, events, acquire_delay=lambda: next(delays, 0.0))
+    if release_at is not None:
+        drive(manager, clock, release_at)
+        store.release_by_holder()
+        manager._on_store_change()  # what the store's release notification calls
+    drive(manager, clock, 106.0)
+    assert manager.is_leader()
+    return manager
+
+
+def test_a_release_heard_before_the_lease_end_is_a_release_even_when_the_acquire_came_later(
+    caplog,
+):
+    """n2 released at 100.5; a balancer held n1's attempt back past 102: still released."""
+    with caplog.at_level(logging.INFO, logger="celery_leader.lease.manager"):
+        follow(iter([0.0, 3.0]), release_at=100.5)
+    (line,) = [r.getMessage() for r in caplog.records if "leads election" in r.getMessage()]
+    assert line.endswith("after n2 (token 7), which released it"), line
+
+
+def test_a_lease_that_ran_out_expired(caplog):
+    """No release heard: the lease ran out at 102 and n1 took it then."""
+    with caplog.at_level(logging.INFO, logger="celery_leader.lease.manager"):
+        follow(iter([]))
+    (line,) = [r.getMessage() for r in caplog.records if "leads election" in r.getMessage()]
+    assert line.endswith("after n2 (token 7), whose lease expired"), line
