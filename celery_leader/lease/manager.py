@@ -537,7 +537,7 @@ class LeaseManager:
                 return self.timing.ttl
             self._foreign_logged = False
             self._observe(ObservationKind.HOLDER_SEEN)
-            self._saw_holder(result.holder)
+            self._saw_holder(result.holder, t_sent)
             # Wake when the current lease would end; a release notification
             # wakes us sooner.
             retry_in = self.timing.ttl if result.retry_in is None else result.retry_in
@@ -664,8 +664,12 @@ class LeaseManager:
         )
         self._emit(EventKind.ELECTED, held.term())
 
-    def _saw_holder(self, record: LeaseRecord | None) -> None:
-        """A failed acquire saw *record*: log it when the holder (or its term) is new to us."""
+    def _saw_holder(self, record: LeaseRecord | None, t_sent: float) -> None:
+        """A failed acquire sent at *t_sent* saw *record*: log it when its holder or term is new.
+
+        A release heard after the attempt was sent is kept: the store may have
+        answered before that release (the holder seen is the one that released).
+        """
         if record is None:
             return
         seen = self._seen
@@ -681,7 +685,8 @@ class LeaseManager:
             )
         self._seen = record
         self._seen_until = self._clock() + record.expires_in
-        self._release_heard_at = None
+        heard = self._release_heard_at
+        self._release_heard_at = heard if heard is not None and heard >= t_sent else None
 
     def _is_us(self, record: LeaseRecord) -> bool:
         """True when *record* is this process's own (a restart with the same name is not us)."""

@@ -58,3 +58,26 @@ def test_a_lease_that_ran_out_expired(caplog):
         follow(iter([]))
     (line,) = [r.getMessage() for r in caplog.records if "leads election" in r.getMessage()]
     assert line.endswith("after n2 (token 7), whose lease expired"), line
+
+
+def test_a_release_heard_while_a_refused_attempt_was_on_its_way_is_a_release(caplog):
+    """The store refused n1's attempt (n2 held it), and n2 released before the answer came."""
+    clock, events = Clock(), []
+    store = StoryStore(clock)
+    store.holder, store.expires_at = "n2-lease", 102.0
+    manager = make(clock, store, events)
+    refuse = store.acquire
+
+    def acquire(name, holder, ttl, min_token=0):
+        result = refuse(name, holder, ttl, min_token)
+        if not result.acquired:
+            store.release_by_holder()
+            manager._on_store_change()  # heard before the refusal reached n1
+        return result
+
+    store.acquire = acquire
+    with caplog.at_level(logging.INFO, logger="celery_leader.lease.manager"):
+        drive(manager, clock, 106.0)
+    assert manager.is_leader()
+    (line,) = [r.getMessage() for r in caplog.records if "leads election" in r.getMessage()]
+    assert line.endswith("after n2 (token 7), which released it"), line
