@@ -69,6 +69,9 @@ logger = logging.getLogger(__name__)
 #: Seconds before the end of the lease a follower last saw that a take-over must come to
 #: count as following a release (the clocks of two reads differ by a little).
 RELEASE_SLACK = 0.05
+#: Seconds after the end of the lease a follower last saw past which an attempt means it was
+#: not looking at that end (a follower tries within its jitter of it, unless held back).
+STALE_LOOK = 0.1
 
 
 class Role(enum.Enum):
@@ -550,7 +553,7 @@ class LeaseManager:
             valid_until=self.timing.valid_until(t_sent),
             next_renew_at=self._next_renew(t_sent),
             hold_until=t_recv + result.hold_off,
-            after=self._predecessor(),
+            after=self._predecessor(t_sent),
         )
         if result.hold_off > 0:
             logger.warning(
@@ -692,20 +695,25 @@ class LeaseManager:
         """True when *record* is this process's own (a restart with the same name is not us)."""
         return (record.nodename, record.pid) == (self.holder.nodename, self.holder.pid)
 
-    def _predecessor(self) -> str:
-        """Whom a term just acquired follows, for its announcement (empty when unknown)."""
+    def _predecessor(self, t_sent: float) -> str:
+        """Whom a term acquired by a call sent at *t_sent* follows (empty when unknown)."""
         seen, self._seen = self._seen, None
         if seen is None or self._is_us(seen):
             return ""
         # A watch call-back alone proves nothing (a watch also calls back when it
-        # reconnects): released means heard of before the lease's end. When it was
-        # heard counts, not when this acquire came: a balancer may have held the
-        # acquire back past the end the lease would have had.
+        # reconnects, and a polling one once it finds an expired lease free): released
+        # means heard of before the lease's end. When it was heard counts, not when this
+        # acquire came: a balancer may have held the acquire back past that end. Then the
+        # end last seen may be stale (the holder renewed since), and a release heard after
+        # it cannot be told from an expiry.
         heard = self._release_heard_at
+        not_looking = t_sent > self._seen_until + STALE_LOOK
         if not seen.expires_in_exact:
             how = "whose lease ended (released or expired: the store does not say which)"
         elif heard is not None and heard < self._seen_until - RELEASE_SLACK:
             how = "which released it"
+        elif heard is not None and not_looking:
+            how = "whose lease ended (released, or expired: this worker was not looking)"
         else:
             how = "whose lease expired"
         return f", after {seen.nodename} (token {seen.token}), {how}"

@@ -81,3 +81,23 @@ def test_a_release_heard_while_a_refused_attempt_was_on_its_way_is_a_release(cap
     assert manager.is_leader()
     (line,) = [r.getMessage() for r in caplog.records if "leads election" in r.getMessage()]
     assert line.endswith("after n2 (token 7), which released it"), line
+
+
+def test_a_release_heard_after_the_end_last_seen_while_held_back_is_not_called_either(caplog):
+    """n1 looked at 100 (end 102) and was then held back; n2 renewed, released at 103.5:
+    n1 cannot tell that from an expiry, and says so."""
+    clock, events = Clock(), []
+    store = StoryStore(clock)
+    store.holder, store.expires_at = "n2-lease", 102.0
+    delays = iter([0.0, 5.0])
+    manager = make(clock, store, events, acquire_delay=lambda: next(delays, 0.0))
+    drive(manager, clock, 101.0)
+    store.expires_at = 105.0  # n2 renewed: n1, held back, does not look
+    drive(manager, clock, 103.5)
+    store.release_by_holder()
+    manager._on_store_change()
+    with caplog.at_level(logging.INFO, logger="celery_leader.lease.manager"):
+        drive(manager, clock, 108.0)
+    assert manager.is_leader()
+    (line,) = [r.getMessage() for r in caplog.records if "leads election" in r.getMessage()]
+    assert line.endswith("(released, or expired: this worker was not looking)"), line
