@@ -69,8 +69,9 @@ logger = logging.getLogger(__name__)
 #: Seconds before the end of the lease a follower last saw that a take-over must come to
 #: count as following a release (the clocks of two reads differ by a little).
 RELEASE_SLACK = 0.05
-#: Seconds after the end of the lease a follower last saw past which an attempt means it was
-#: not looking at that end (a follower tries within its jitter of it, unless held back).
+#: Seconds after the lease may have become free (a release heard, the end last seen) past
+#: which an attempt held back by a balancer counts as not looking then (a follower tries
+#: within its jitter of that moment otherwise).
 STALE_LOOK = 0.1
 
 
@@ -259,6 +260,9 @@ class LeaseManager:
         #: first announced a release since (None: not yet): the story the logs tell.
         self._seen: LeaseRecord | None = None
         self._seen_until = 0.0
+        self._looked_at = 0.0
+        #: An attempt was held back (a balancer's delay, not fit to lead) since the last look.
+        self._held_back = False
         self._release_heard_at: float | None = None
         self._thread: threading.Thread | None = None
 
@@ -507,6 +511,7 @@ class LeaseManager:
             return self._on_grid(self._sit_out_until - now)
         wait = self._wait_before_competing()
         if wait > 0:
+            self._held_back = True  # not looking at the lease meanwhile: the story may go stale
             return self._on_grid(wait)
         if self._term_ended:
             self._term_ended = False
@@ -688,6 +693,8 @@ class LeaseManager:
             )
         self._seen = record
         self._seen_until = self._clock() + record.expires_in
+        self._looked_at = t_sent
+        self._held_back = False
         heard = self._release_heard_at
         self._release_heard_at = heard if heard is not None and heard >= t_sent else None
 
@@ -700,20 +707,24 @@ class LeaseManager:
         seen, self._seen = self._seen, None
         if seen is None or self._is_us(seen):
             return ""
+        # The lease may have been free from the first release heard since the last look,
+        # or from the end that look saw. A follower tries then (within its jitter), unless
+        # a balancer held it back: then another term may have come and gone meanwhile, and
+        # the holder last seen is only the earliest the predecessor can be.
+        heard = self._release_heard_at
+        free_from = self._seen_until if heard is None else min(heard, self._seen_until)
+        if self._held_back and t_sent > free_from + STALE_LOOK:
+            return (
+                f", after {seen.nodename} (token {seen.token}) or a later holder: this worker "
+                f"had not looked at the lease for {t_sent - self._looked_at:.1f} s"
+            )
         # A watch call-back alone proves nothing (a watch also calls back when it
         # reconnects, and a polling one once it finds an expired lease free): released
-        # means heard of before the lease's end. When it was heard counts, not when this
-        # acquire came: a balancer may have held the acquire back past that end. Then the
-        # end last seen may be stale (the holder renewed since), and a release heard after
-        # it cannot be told from an expiry.
-        heard = self._release_heard_at
-        not_looking = t_sent > self._seen_until + STALE_LOOK
+        # means heard of before the lease's end.
         if not seen.expires_in_exact:
             how = "whose lease ended (released or expired: the store does not say which)"
         elif heard is not None and heard < self._seen_until - RELEASE_SLACK:
             how = "which released it"
-        elif heard is not None and not_looking:
-            how = "whose lease ended (released, or expired: this worker was not looking)"
         else:
             how = "whose lease expired"
         return f", after {seen.nodename} (token {seen.token}), {how}"

@@ -1,4 +1,4 @@
-"""What a new leader's line says of the term it follows: released, or expired.
+"""What a new leader's line says of the term it follows: released, expired, or not known.
 
 The real LeaseManager driven step by step on a virtual clock, against the
 model store of :mod:`tests.lease.test_lease_deadlines` that also says who
@@ -37,27 +37,38 @@ def follow(delays, release_at=None):
         drive(manager, clock, release_at)
         store.release_by_holder()
         manager._on_store_change()  # what the store's release notification calls
-    drive(manager, clock, 106.0)
+    drive(manager, clock, 106.0)  # from the release on: the notification woke the manager
     assert manager.is_leader()
     return manager
 
 
-def test_a_release_heard_before_the_lease_end_is_a_release_even_when_the_acquire_came_later(
-    caplog,
-):
-    """n2 released at 100.5; a balancer held n1's attempt back past 102: still released."""
-    with caplog.at_level(logging.INFO, logger="celery_leader.lease.manager"):
-        follow(iter([0.0, 3.0]), release_at=100.5)
+def line_of(caplog) -> str:
     (line,) = [r.getMessage() for r in caplog.records if "leads election" in r.getMessage()]
-    assert line.endswith("after n2 (token 7), which released it"), line
+    return line
+
+
+def test_a_release_taken_at_once_is_a_release(caplog):
+    """n2 released at 100.5 and n1, woken by the notification, took it then."""
+    with caplog.at_level(logging.INFO, logger="celery_leader.lease.manager"):
+        follow(iter([]), release_at=100.5)
+    assert line_of(caplog).endswith("after n2 (token 7), which released it")
 
 
 def test_a_lease_that_ran_out_expired(caplog):
     """No release heard: the lease ran out at 102 and n1 took it then."""
     with caplog.at_level(logging.INFO, logger="celery_leader.lease.manager"):
         follow(iter([]))
-    (line,) = [r.getMessage() for r in caplog.records if "leads election" in r.getMessage()]
-    assert line.endswith("after n2 (token 7), whose lease expired"), line
+    assert line_of(caplog).endswith("after n2 (token 7), whose lease expired")
+
+
+def test_held_back_past_a_release_it_does_not_claim_to_know_what_came_between(caplog):
+    """n2 released at 100.5; a balancer held n1 back 3 s: another term may have come and gone
+    meanwhile (n1 was not looking), so n2 is only the earliest predecessor it can name."""
+    with caplog.at_level(logging.INFO, logger="celery_leader.lease.manager"):
+        follow(iter([0.0, 3.0]), release_at=100.5)
+    assert line_of(caplog).endswith(
+        "after n2 (token 7) or a later holder: this worker had not looked at the lease for 3.5 s"
+    )
 
 
 def test_a_release_heard_while_a_refused_attempt_was_on_its_way_is_a_release(caplog):
@@ -79,13 +90,12 @@ def test_a_release_heard_while_a_refused_attempt_was_on_its_way_is_a_release(cap
     with caplog.at_level(logging.INFO, logger="celery_leader.lease.manager"):
         drive(manager, clock, 106.0)
     assert manager.is_leader()
-    (line,) = [r.getMessage() for r in caplog.records if "leads election" in r.getMessage()]
-    assert line.endswith("after n2 (token 7), which released it"), line
+    assert line_of(caplog).endswith("after n2 (token 7), which released it")
 
 
-def test_a_release_heard_after_the_end_last_seen_while_held_back_is_not_called_either(caplog):
-    """n1 looked at 100 (end 102) and was then held back; n2 renewed, released at 103.5:
-    n1 cannot tell that from an expiry, and says so."""
+def test_held_back_while_the_holder_renewed_past_the_end_it_saw(caplog):
+    """n1 looked at 100 (end 102) and was held back; n2 renewed and released at 103.5: n1
+    does not call that an expiry of the lease it saw."""
     clock, events = Clock(), []
     store = StoryStore(clock)
     store.holder, store.expires_at = "n2-lease", 102.0
@@ -99,5 +109,4 @@ def test_a_release_heard_after_the_end_last_seen_while_held_back_is_not_called_e
     with caplog.at_level(logging.INFO, logger="celery_leader.lease.manager"):
         drive(manager, clock, 108.0)
     assert manager.is_leader()
-    (line,) = [r.getMessage() for r in caplog.records if "leads election" in r.getMessage()]
-    assert line.endswith("(released, or expired: this worker was not looking)"), line
+    assert "or a later holder: this worker had not looked at the lease for" in line_of(caplog)
