@@ -475,6 +475,23 @@ class LeaseManager:
         now = self._clock()
         return math.ceil((now + wait) / grid) * grid - now
 
+    def _next_look(self, until_end: float) -> float:
+        """Seconds until a follower looks again: the lease's end, or an earlier grid point.
+
+        *until_end*: seconds until the lease's end (with the jitter). A live
+        holder's lease ends two renew intervals or more ahead, so with a grid
+        a follower's attempts go out on it, in this worker's one call per grid
+        point (a store that batches them), not one call at every lease end;
+        once the holder stopped renewing, the end comes before the next grid
+        point and the attempt goes out at the end, as without a grid. A
+        balancer still decides whether the follower then tries at all.
+        """
+        grid = self._renew_grid
+        if not grid:
+            return until_end
+        now = self._clock()
+        return min(until_end, (math.floor(now / grid) + 1) * grid - now)
+
     def _next_renew(self, t_sent: float) -> float:
         """When to renew a lease last confirmed by a call sent at *t_sent*.
 
@@ -547,9 +564,9 @@ class LeaseManager:
             self._observe(ObservationKind.HOLDER_SEEN)
             self._saw_holder(result.holder, t_sent)
             # Wake when the current lease would end; a release notification
-            # wakes us sooner.
+            # wakes us sooner, and so does the renew grid.
             retry_in = self.timing.ttl if result.retry_in is None else result.retry_in
-            return max(0.0, retry_in) + 0.005 + jitter
+            return self._next_look(max(0.0, retry_in) + 0.005 + jitter)
         assert result.token is not None
         self._observe(ObservationKind.HOLDER_SEEN)
         self._max_token = max(self._max_token, result.token)
