@@ -5,7 +5,7 @@ store (the elections it may lead and those it leads) and reads every live
 worker's announcement in the same round trip
 (:class:`~celery_leader.stores.base.Presence`). From them it computes the
 plan every worker computes alike (:func:`celery_leader.elections.balance.plan`)
-and acts on it in two ways only:
+and acts on it in two ways only, delaying acquires and asking for releases:
 
 * **Acquiring waits for the planned worker.** Each election's lease manager
   asks :meth:`Balancer.acquire_delay` before it tries to acquire: a worker
@@ -23,8 +23,10 @@ and acts on it in two ways only:
   once the dead worker's announcement expired (up to a ttl later) and a
   pass planned them anew; and an election stepped down is taken as soon as
   its release is heard. The others wait as before. While the holder lives,
-  the successor's attempts fail like any follower's: one store call per
-  lease end.
+  the successor's attempts fail like any follower's, one per renew
+  interval, in the worker's one batched call on its renew grid (with a
+  store that batches; see ``renew_grid`` of
+  :class:`~celery_leader.lease.LeaseManager`).
 * **A surplus is handed over.** A worker that leads an election planned for
   another live worker hands it over (stops taking its work, lets its runs
   end within ``leader_stop_grace``, releases, sits out one ttl), once the
