@@ -479,12 +479,14 @@ class LeaseManager:
         """Seconds until a follower looks again: the lease's end, or an earlier grid point.
 
         *until_end*: seconds until the lease's end (with the jitter). A live
-        holder's lease ends two renew intervals or more ahead, so with a grid
-        a follower's attempts go out on it, in this worker's one call per grid
-        point (a store that batches them), not one call at every lease end;
-        once the holder stopped renewing, the end comes before the next grid
-        point and the attempt goes out at the end, as without a grid. A
-        balancer still decides whether the follower then tries at all.
+        holder's lease ends a ttl less one renew interval ahead or later (two
+        intervals, with the default interval of a third of the ttl), so with a
+        grid a follower's attempts go out on it, in this worker's one call per
+        grid point (a store that batches them), not one call at every lease
+        end; once the holder stopped renewing, the end comes before the next
+        grid point and the attempt goes out at the end, as without a grid:
+        never later than without it. A balancer still decides whether the
+        follower then tries at all.
         """
         grid = self._renew_grid
         if not grid:
