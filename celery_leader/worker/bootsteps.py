@@ -90,6 +90,24 @@ def _pool_sizes(worker: Any) -> tuple[int, int]:
     return size(worker.concurrency), size(getattr(worker, "max_concurrency", 0))
 
 
+def _prefetch(worker: Any) -> int:
+    """The worker's prefetch multiplier: 1 where it fetches only for a free pool slot.
+
+    That is ``worker_disable_prefetch``, which Celery applies on a Redis broker only.
+    """
+    multiplier = getattr(worker, "prefetch_multiplier", None)
+    if multiplier is None:
+        multiplier = worker.app.conf.worker_prefetch_multiplier
+    if worker.app.conf.get("worker_disable_prefetch"):
+        try:
+            with worker.app.connection_for_read() as connection:  # not connected: no I/O
+                if connection.transport.driver_type == "redis":
+                    return 1
+        except Exception:  # only the wording of a warning depends on it
+            logger.debug("celery-leader: could not tell the broker's transport", exc_info=True)
+    return int(multiplier)
+
+
 def _check_pool_size(worker: Any, kind: str) -> None:
     """Refuse a prefork pool larger than the run table the watchdog reads."""
     if kind not in KILLABLE_POOLS:
@@ -246,7 +264,9 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
         warn_about_visibility(worker.app, leader_tasks)
         kind = pool_kind(worker)
         warn_about_unkillable_runs(worker.app, leader_tasks, kind)
-        warn_about_one_slot(leader_tasks, kind, *_pool_sizes(worker))
+        warn_about_one_slot(
+            leader_tasks, kind, *_pool_sizes(worker), prefetch_multiplier=_prefetch(worker)
+        )
         _check_pool_size(worker, kind)
         names = self.app_settings.names
         if batch is not None:

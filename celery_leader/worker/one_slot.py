@@ -1,24 +1,27 @@
-"""Said once at start: an overlap policy does nothing on a worker that runs one task at a time.
+"""Said once at start: an overlap policy sees little on a worker that runs one task at a time.
 
 The gate judges a message's overlap key (:mod:`celery_leader.worker.overlap`)
-when Celery hands the message to the pool, not when it arrives: that is
-where Celery asks ``Request.revoked()``. On a worker whose pool runs one task
-at a time, that moment comes only after the run in progress has ended:
+when Celery hands the message to the pool, never before it was delivered.
+On a worker whose pool runs one task at a time, most messages sent while a
+run goes on get there only after it ended, and then run:
 
-* prefork ``-c 1``: the message waits in the parent for the pool's only
-  process (Celery's pool semaphore), or, with ``worker_prefetch_multiplier
-  = 1``, is not even delivered, since a leader task is ``acks_late`` and the
-  run holds the one prefetch slot until it ends;
-* threads ``-c 1`` (and gevent, eventlet ``-c 1``): the same prefetch slot;
-* solo: the run blocks the consumer's loop itself.
+* a leader task is ``acks_late``, so the run holds one of the worker's
+  ``-c`` x ``worker_prefetch_multiplier`` prefetch slots until it ends. With
+  ``-c 1`` and a multiplier of 1 (or ``worker_disable_prefetch``) no
+  message is delivered during the run; with a multiplier m, m - 1 are (and
+  reach the gate while the run is still recorded: in prefork they wait for
+  the pool's only process and are handed to it as the run ends, before it
+  settles);
+* solo: the run blocks the consumer's loop, which looks at nothing else.
 
-So ``overlap="skip"`` skips nothing there and ``"buffer_one"`` keeps every
-further message, not one: each runs after the other, one at a time (with a
-larger prefetch, one that reaches the gate in the instant the run settles
-may still be skipped). A task with either policy on such a worker gets one
-warning line at start, naming the policy and the remedy: two or more pool
-slots (``-c 2``). On any worker, a message that waits for a free pool slot
-(every slot busy with other tasks) is judged when it gets one.
+So ``overlap="skip"`` skips none, or only m - 1, of the messages sent during
+a run, and ``"buffer_one"`` runs the others one after the other instead of
+skipping them. A task with either policy on such a worker gets one warning
+line at start, naming the policy and the remedy: two or more pool slots
+(``-c 2``). A prefetch without limit (multiplier 0) delivers every message
+during the run: no warning then, except on solo. On any worker, a message
+that waits for a free pool slot (every slot busy with other tasks) is
+judged when it gets one.
 """
 
 from __future__ import annotations
@@ -32,15 +35,9 @@ from celery_leader.tasks.overlap import Overlap
 logger = logging.getLogger(__name__)
 
 W_ONE_SLOT = (
-    "celery-leader: %s has overlap=%r, but this worker runs one task at a time (%s): "
-    "a message sent while a run goes on reaches the gate only once that run has ended, "
-    "so %s. %s"
+    "celery-leader: %s has overlap=%r, but this worker runs one task at a time (%s): %s, "
+    "instead of being skipped. %s"
 )
-#: What the policy does on such a worker, per policy.
-_WHAT_HAPPENS = {
-    Overlap.SKIP: "it runs after the run instead of being skipped",
-    Overlap.BUFFER_ONE: "every such message runs after it, one at a time, none skipped",
-}
 
 
 def pool_slots(pool: str, concurrency: int, max_concurrency: int = 0) -> int:
@@ -48,6 +45,28 @@ def pool_slots(pool: str, concurrency: int, max_concurrency: int = 0) -> int:
     if pool == "solo":
         return 1
     return max(concurrency, max_concurrency)
+
+
+def what_happens(pool: str, prefetch_multiplier: int) -> str | None:
+    """What becomes of messages sent during a run on one slot; None when the gate sees them."""
+    if pool == "solo":
+        return (
+            "the run blocks the worker's loop, so a message sent while it goes on is looked "
+            "at only once it ended, and runs then"
+        )
+    if prefetch_multiplier == 1:
+        return (
+            "the run holds the only prefetch slot (a leader task is acks_late), so a message "
+            "sent while it goes on is delivered only once it ended, and runs then"
+        )
+    if prefetch_multiplier > 1:
+        return (
+            f"the run holds one of the {prefetch_multiplier} prefetch slots (a leader task is "
+            f"acks_late), so of the messages sent while it goes on only "
+            f"{prefetch_multiplier - 1} reach the gate in time; the others are delivered once "
+            "it ended, and run then"
+        )
+    return None  # no prefetch limit: every message is delivered during the run
 
 
 def remedy(pool: str) -> str:
@@ -68,13 +87,22 @@ def one_slot_tasks(tasks: Iterable[Any]) -> list[tuple[Any, Overlap]]:
 
 
 def warn_about_one_slot(
-    tasks: Iterable[Any], pool: str, concurrency: int, max_concurrency: int = 0
+    tasks: Iterable[Any],
+    pool: str,
+    concurrency: int,
+    max_concurrency: int = 0,
+    *,
+    prefetch_multiplier: int = 1,
 ) -> None:
-    """Log one warning per overlap task when the pool runs one task at a time (worker start)."""
+    """Log one warning per overlap task when the pool runs one task at a time (worker start).
+
+    *prefetch_multiplier*: the worker's (1 with ``worker_disable_prefetch``).
+    """
     if pool_slots(pool, concurrency, max_concurrency) > 1:
+        return
+    happens = what_happens(pool, prefetch_multiplier)
+    if happens is None:
         return
     where = f"pool {pool}" if pool == "solo" else f"pool {pool}, concurrency 1"
     for task, policy in one_slot_tasks(tasks):
-        logger.warning(
-            W_ONE_SLOT, task.name, policy.value, where, _WHAT_HAPPENS[policy], remedy(pool)
-        )
+        logger.warning(W_ONE_SLOT, task.name, policy.value, where, happens, remedy(pool))

@@ -25,21 +25,23 @@ def one_slot_lines(worker) -> list[tuple[str, str, str]]:
 
 
 @pytest.mark.parametrize(
-    ("pool", "extra", "warned"),
+    ("pool", "extra", "why"),
     [
-        ("prefork", ["-c", "1"], True),
-        ("threads", ["-c", "1"], True),
-        ("solo", [], True),
-        ("prefork", ["-c", "2"], False),
+        ("prefork", ["-c", "1"], "only 3 reach the gate in time"),  # keyedapp: multiplier 4
+        ("prefork", ["-c", "1", "--prefetch-multiplier", "1"], "holds the only prefetch slot"),
+        ("threads", ["-c", "1"], "only 3 reach the gate in time"),
+        ("solo", [], "blocks the worker's loop"),
+        ("prefork", ["-c", "2"], None),
     ],
-    ids=["prefork-c1", "threads-c1", "solo", "prefork-c2"],
+    ids=["prefork-c1", "prefork-c1-prefetch1", "threads-c1", "solo", "prefork-c2"],
 )
-def test_start_up_warns_once_per_overlap_task_on_one_slot(cluster_for, pool, extra, warned):
-    """-c 1 and solo: one line per task with skip or buffer_one, naming the remedy; -c 2: none."""
+def test_start_up_warns_once_per_overlap_task_on_one_slot(cluster_for, pool, extra, why):
+    """-c 1 and solo: one line per task with skip or buffer_one, saying why and the remedy;
+    -c 2: none."""
     cluster = cluster_for("redis")
     (worker,) = cluster.start(1, pool, extra=extra, app=KEYED)
     found = one_slot_lines(worker)
-    if not warned:
+    if why is None:
         assert found == [], worker.text()[-3000:]
         return
     expected = [
@@ -50,7 +52,7 @@ def test_start_up_warns_once_per_overlap_task_on_one_slot(cluster_for, pool, ext
     assert found == expected, worker.text()[-3000:]
     lines = [line for line in worker.text().splitlines() if WARNED.search(line)]
     remedy = "-P prefork -c 2" if pool == "solo" else "-c 2 or more"
-    assert all(remedy in line for line in lines), lines
+    assert all(why in line and remedy in line for line in lines), lines
 
 
 @pytest.mark.slow
@@ -58,8 +60,9 @@ def test_start_up_warns_once_per_overlap_task_on_one_slot(cluster_for, pool, ext
     ("pool", "extra"), [("prefork", ["-c", "1"]), ("solo", [])], ids=["prefork-c1", "solo"]
 )
 def test_on_one_slot_messages_sent_during_a_run_run_after_it(cluster_for, pool, extra):
-    """What the README says of -c 1 and solo: overlap="skip" skips nothing there; the two
-    messages sent while a run goes on each run after it, one at a time."""
+    """What the README says of -c 1 with a prefetch multiplier of 1 (leaderapp's) and of
+    solo: overlap="skip" skips nothing there; the two messages sent while a run goes on each
+    run after it, one at a time."""
     cluster = cluster_for("redis")
     cluster.env["LEADER_RESULTS"] = cluster.env["LEADER_HISTORY"]
     (worker,) = cluster.start(1, pool, extra=extra)
