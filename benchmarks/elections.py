@@ -168,9 +168,10 @@ cluster, counted with MONITOR (a script counts once, as its EVALSHA; the
 commands it runs inside Redis are not round trips), per worker and per renew
 interval (0.67 s with a 2 s ttl). With two workers each leads half of the
 elections and follows the other half. With two elections or more, a worker's
-renewals of the leases it holds, and its attempts on those it follows after
-the balancer made them wait, fall on one grid of its clock and go out as one
-`call_many` script; the other round trip is the balancer's announcement. A
+renewals of the leases it holds, and its attempts on those it follows (while
+their holders renew them, or after the balancer made them wait), fall on one
+grid of its clock and go out as one `call_many` script; the other round trip
+is the balancer's announcement. A
 window catches at most one more call of each source at its edges (+0.05),
 which is all that is above 2. Command: `python -m benchmarks.elections --only load`."""
 

@@ -43,6 +43,7 @@ BENCHMARKS = [
     ("Schedule controls: pause and run-now", "benchmarks.schedule", False),
     ("What an idle worker costs", "benchmarks.idle", False),
     ("Named elections: K elections on N workers", "benchmarks.elections", False),
+    ("Named elections moving: a step-down, a worker's death", "benchmarks.election_moves", False),
 ]
 
 

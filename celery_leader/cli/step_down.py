@@ -64,7 +64,7 @@ def _draining(ctx: click.Context, nodename: str, election: str | None = None) ->
     show_default=True,
     type=click.FloatRange(0.5, 300),
     help_group="Step-down Options",
-    help="Seconds to wait for the release.",
+    help="Seconds to wait for the release and then for a standby to take the lease.",
 )
 @click.option(
     "--beat",
@@ -89,8 +89,9 @@ def step_down(ctx: click.Context, timeout: float, beat: bool, election: str | No
 
     Only the worker holding the lease acts: it stops taking leader work,
     stops its leader tasks per leader_on_loss, releases the lease and sits
-    out one ttl so that a standby leads. Waits for the release, then prints
-    who stepped down and who leads now.
+    out one ttl so that a standby leads. Waits for the release, then for a
+    standby to take the lease (both within --timeout), and prints who
+    stepped down and who took over (or that nobody had yet).
 
     With --beat, the beat holding beat's lease does the same: it reads the
     request from the lease store (beat listens to no broker queue), at most
@@ -120,6 +121,8 @@ def step_down(ctx: click.Context, timeout: float, beat: bool, election: str | No
             replies = _ask_worker(ctx, record, timeout, election)
             deadline = time.monotonic() + timeout
         successor = _await_release(ctx, store, settings.name, record, deadline)
+        if successor is None:
+            successor = _await_holder(ctx, store, settings.name, deadline)
     finally:
         store.close()
     if successor is not None and successor.token == record.token:
@@ -143,7 +146,10 @@ def step_down(ctx: click.Context, timeout: float, beat: bool, election: str | No
     ctx.obj.echo(f"{record.nodename} stepped down (token {record.token})")
     if successor is None:
         standby = "another beat" if beat else "a standby"
-        ctx.obj.echo(f"now leading: nobody yet ({standby} takes over within moments)")
+        ctx.obj.echo(
+            f"now leading: nobody yet ({standby} did not take the lease within --timeout "
+            f"{timeout:g} s; `celery leader status` shows who leads)"
+        )
     else:
         ctx.obj.echo(f"now leading: {successor.nodename} (token {successor.token})")
     ctx.exit(EXIT_LEADER)
@@ -218,3 +224,15 @@ def _await_release(
             break
         time.sleep(0.05)
     return successor
+
+
+def _await_holder(
+    ctx: click.Context, store: LeaseStore, name: str, deadline: float
+) -> LeaseRecord | None:
+    """The holder of the free lease *name* once somebody took it, or None at *deadline*."""
+    while time.monotonic() < deadline:
+        found = _read(ctx, store, name)
+        if found is not None:
+            return found
+        time.sleep(0.05)
+    return None

@@ -21,6 +21,9 @@ The plan:
   worker takes its share from the most loaded and nothing else moves.
 * **Deterministic.** Ties are broken by member name, so every worker builds
   the same plan from the same view.
+
+:func:`successors` adds, for each election the plan leaves with its holder,
+the member that would take it if that holder went: the plan without it.
 """
 
 from __future__ import annotations
@@ -32,15 +35,24 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Member:
-    """One live worker as it announced itself: the elections it may lead, and those it leads."""
+    """One live worker as it announced itself: the elections it may lead, and those it leads.
+
+    ``yielded``: elections it gave up by a step-down on request, since the set
+    of workers last changed. While any member announces one, no surplus is
+    handed over (see :mod:`celery_leader.elections.balancer`).
+    """
 
     name: str
     eligible: frozenset[str]
     held: frozenset[str]
+    yielded: frozenset[str] = frozenset()
 
     def payload(self) -> str:
-        """The announcement, as stored."""
-        return json.dumps({"eligible": sorted(self.eligible), "held": sorted(self.held)})
+        """The announcement, as stored (``yielded`` only when there is one: older readers)."""
+        found: dict[str, list[str]] = {"eligible": sorted(self.eligible), "held": sorted(self.held)}
+        if self.yielded:
+            found["yielded"] = sorted(self.yielded)
+        return json.dumps(found)
 
     @classmethod
     def parse(cls, name: str, payload: str) -> Member | None:
@@ -49,9 +61,10 @@ class Member:
             found = json.loads(payload)
             eligible = frozenset(str(e) for e in found["eligible"])
             held = frozenset(str(e) for e in found["held"])
-        except (ValueError, TypeError, KeyError):
+            yielded = frozenset(str(e) for e in found.get("yielded", ()))
+        except (ValueError, TypeError, KeyError, AttributeError):
             return None
-        return cls(name, eligible, held & eligible)
+        return cls(name, eligible, held & eligible, yielded)
 
 
 def shares(members: Mapping[str, Member]) -> dict[str, int]:
@@ -100,3 +113,26 @@ def plan(members: Mapping[str, Member]) -> dict[str, str]:
         assigned[election] = chosen
         load[chosen] += 1
     return assigned
+
+
+def successors(members: Mapping[str, Member], assigned: Mapping[str, str]) -> dict[str, str]:
+    """Election -> who takes it when its holder lets it go (elections *assigned* to their holder).
+
+    For each election the plan *assigned* leaves with a member that holds
+    it, the plan computed without that holder: what every worker plans
+    alike once the holder's announcement is gone. Knowing it before then lets
+    that one worker try the moment the lease is free (a dead holder's lease
+    ran out, or the holder released it on a step-down), while the others
+    still see the holder announced; nobody waits for the announcement to
+    expire, and only one worker tries. Deterministic, as :func:`plan` is.
+    """
+    found: dict[str, str] = {}
+    for holder in sorted({owner for e, owner in assigned.items() if e in members[owner].held}):
+        rest = {name: member for name, member in members.items() if name != holder}
+        if not rest:
+            continue
+        after = plan(rest)
+        for election in sorted(members[holder].held):
+            if assigned.get(election) == holder and election in after:
+                found[election] = after[election]
+    return found

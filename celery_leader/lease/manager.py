@@ -69,6 +69,10 @@ logger = logging.getLogger(__name__)
 #: Seconds before the end of the lease a follower last saw that a take-over must come to
 #: count as following a release (the clocks of two reads differ by a little).
 RELEASE_SLACK = 0.05
+#: Seconds after the lease may have become free (a release heard, the end last seen) past
+#: which an attempt held back by a balancer counts as not looking then (a follower tries
+#: within its jitter of that moment otherwise).
+STALE_LOOK = 0.1
 
 
 class Role(enum.Enum):
@@ -252,11 +256,14 @@ class LeaseManager:
         #: The last attempt to acquire got no answer (an error, a timeout); cleared by one that did.
         self._acquire_failing = False
         self._foreign_logged = False
-        #: The last holder a failed acquire saw (thread-private), and whether the
-        #: store announced a release since: the story the logs tell.
+        #: The last holder a failed acquire saw (thread-private), and when the store
+        #: first announced a release since (None: not yet): the story the logs tell.
         self._seen: LeaseRecord | None = None
         self._seen_until = 0.0
-        self._release_heard = False
+        self._looked_at = 0.0
+        #: An attempt was held back (a balancer's delay, not fit to lead) since the last look.
+        self._held_back = False
+        self._release_heard_at: float | None = None
         self._thread: threading.Thread | None = None
 
     # -- reading (any thread) -------------------------------------------------
@@ -428,7 +435,8 @@ class LeaseManager:
 
     def _on_store_change(self) -> None:
         if self._held is None:
-            self._release_heard = True
+            if self._release_heard_at is None:
+                self._release_heard_at = self._clock()
             self._wake.set()
 
     def step(self) -> float:
@@ -467,6 +475,25 @@ class LeaseManager:
         now = self._clock()
         return math.ceil((now + wait) / grid) * grid - now
 
+    def _next_look(self, until_end: float) -> float:
+        """Seconds until a follower looks again: the lease's end, or an earlier grid point.
+
+        *until_end*: seconds until the lease's end (with the jitter). A live
+        holder's lease ends a ttl less one renew interval ahead or later (two
+        intervals, with the default interval of a third of the ttl), so with a
+        grid a follower's attempts go out on it, in this worker's one call per
+        grid point (a store that batches them), not one call at every lease
+        end; once the holder stopped renewing, the end comes before the next
+        grid point and the attempt goes out at the end, as without a grid:
+        never later than without it. A balancer still decides whether the
+        follower then tries at all.
+        """
+        grid = self._renew_grid
+        if not grid:
+            return until_end
+        now = self._clock()
+        return min(until_end, (math.floor(now / grid) + 1) * grid - now)
+
     def _next_renew(self, t_sent: float) -> float:
         """When to renew a lease last confirmed by a call sent at *t_sent*.
 
@@ -503,6 +530,7 @@ class LeaseManager:
             return self._on_grid(self._sit_out_until - now)
         wait = self._wait_before_competing()
         if wait > 0:
+            self._held_back = True  # not looking at the lease meanwhile: the story may go stale
             return self._on_grid(wait)
         if self._term_ended:
             self._term_ended = False
@@ -536,11 +564,11 @@ class LeaseManager:
                 return self.timing.ttl
             self._foreign_logged = False
             self._observe(ObservationKind.HOLDER_SEEN)
-            self._saw_holder(result.holder)
+            self._saw_holder(result.holder, t_sent)
             # Wake when the current lease would end; a release notification
-            # wakes us sooner.
+            # wakes us sooner, and so does the renew grid.
             retry_in = self.timing.ttl if result.retry_in is None else result.retry_in
-            return max(0.0, retry_in) + 0.005 + jitter
+            return self._next_look(max(0.0, retry_in) + 0.005 + jitter)
         assert result.token is not None
         self._observe(ObservationKind.HOLDER_SEEN)
         self._max_token = max(self._max_token, result.token)
@@ -549,7 +577,7 @@ class LeaseManager:
             valid_until=self.timing.valid_until(t_sent),
             next_renew_at=self._next_renew(t_sent),
             hold_until=t_recv + result.hold_off,
-            after=self._predecessor(),
+            after=self._predecessor(t_sent),
         )
         if result.hold_off > 0 and result.restarted_ago is not None:
             # The data is the store's own, only its server restarted: no word of lost data.
@@ -675,8 +703,12 @@ class LeaseManager:
         )
         self._emit(EventKind.ELECTED, held.term())
 
-    def _saw_holder(self, record: LeaseRecord | None) -> None:
-        """A failed acquire saw *record*: log it when the holder (or its term) is new to us."""
+    def _saw_holder(self, record: LeaseRecord | None, t_sent: float) -> None:
+        """A failed acquire sent at *t_sent* saw *record*: log it when its holder or term is new.
+
+        A release heard after the attempt was sent is kept: the store may have
+        answered before that release (the holder seen is the one that released).
+        """
         if record is None:
             return
         seen = self._seen
@@ -692,22 +724,37 @@ class LeaseManager:
             )
         self._seen = record
         self._seen_until = self._clock() + record.expires_in
-        self._release_heard = False
+        self._looked_at = t_sent
+        self._held_back = False
+        heard = self._release_heard_at
+        self._release_heard_at = heard if heard is not None and heard >= t_sent else None
 
     def _is_us(self, record: LeaseRecord) -> bool:
         """True when *record* is this process's own (a restart with the same name is not us)."""
         return (record.nodename, record.pid) == (self.holder.nodename, self.holder.pid)
 
-    def _predecessor(self) -> str:
-        """Whom a term just acquired follows, for its announcement (empty when unknown)."""
+    def _predecessor(self, t_sent: float) -> str:
+        """Whom a term acquired by a call sent at *t_sent* follows (empty when unknown)."""
         seen, self._seen = self._seen, None
         if seen is None or self._is_us(seen):
             return ""
+        # The lease may have been free from the first release heard since the last look,
+        # or from the end that look saw. A follower tries then (within its jitter), unless
+        # a balancer held it back: then another term may have come and gone meanwhile, and
+        # the holder last seen is only the earliest the predecessor can be.
+        heard = self._release_heard_at
+        free_from = self._seen_until if heard is None else min(heard, self._seen_until)
+        if self._held_back and t_sent > free_from + STALE_LOOK:
+            return (
+                f", after {seen.nodename} (token {seen.token}) or a later holder: this worker "
+                f"had not looked at the lease for {t_sent - self._looked_at:.1f} s"
+            )
         # A watch call-back alone proves nothing (a watch also calls back when it
-        # reconnects): released means heard of, and taken before the lease's end.
+        # reconnects, and a polling one once it finds an expired lease free): released
+        # means heard of before the lease's end.
         if not seen.expires_in_exact:
             how = "whose lease ended (released or expired: the store does not say which)"
-        elif self._release_heard and self._clock() < self._seen_until - RELEASE_SLACK:
+        elif heard is not None and heard < self._seen_until - RELEASE_SLACK:
             how = "which released it"
         else:
             how = "whose lease expired"

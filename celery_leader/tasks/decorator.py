@@ -212,7 +212,12 @@ def leader_only(
     ``overlap_key`` (argument names) the name and those arguments' values.
     Kept in the leader's main process, never in a store: nothing is left
     behind by a crash, a kill, a revoke or a lease loss. Needs ``acks_late``
-    (the default). See :mod:`celery_leader.worker.overlap`.
+    (the default), and a worker that runs two tasks at once: the policy is
+    applied when a message reaches the pool, and on ``-c 1`` (with a
+    prefetch multiplier of 1) or the solo pool a message sent during a run
+    gets there only after it, and runs (the worker warns at start:
+    :mod:`celery_leader.worker.one_slot`). See
+    :mod:`celery_leader.worker.overlap`.
     """
     OnLoss.parse(on_loss)
     if election is not None:

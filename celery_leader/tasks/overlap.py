@@ -33,7 +33,15 @@ from celery_leader.exceptions import ConfigurationError
 
 
 class Overlap(str, enum.Enum):
-    """What a message does when a run of its key is in progress on the leader."""
+    """What a message does when a run of its key is in progress on the leader.
+
+    Judged when the message reaches the worker's pool: on a worker that runs
+    one task at a time (``-c 1`` with a prefetch multiplier of 1, the solo
+    pool) a message sent during a run gets there only after the run, so
+    ``SKIP`` skips nothing and ``BUFFER_ONE`` runs every message; such a
+    worker warns at start (:mod:`celery_leader.worker.one_slot`). Run it
+    with ``-c 2`` or more.
+    """
 
     #: Run it beside the other (the behaviour without the option).
     ALLOW = "allow"

@@ -45,6 +45,7 @@ from celery_leader.term_end import KILLABLE_POOLS
 from celery_leader.worker import control as _control  # noqa: F401 - registers the commands
 from celery_leader.worker import missing_step as _missing_step  # noqa: F401 - connects the warning
 from celery_leader.worker.coordinator import Coordinator, current_coordinator
+from celery_leader.worker.one_slot import warn_about_one_slot
 from celery_leader.worker.pool_flush import keep_accepted_jobs
 from celery_leader.worker.redelivery import warn_about_visibility
 from celery_leader.worker.unkillable_runs import warn_about_unkillable_runs
@@ -81,11 +82,38 @@ def pool_kind(worker: Any) -> str:
     return str(module).split(":")[0].rsplit(".", 1)[-1]
 
 
+def _pool_sizes(worker: Any) -> tuple[int, int]:
+    """The worker's ``--concurrency`` and its ``--autoscale`` maximum (0: none, or not known)."""
+
+    def size(value: Any) -> int:
+        return value if isinstance(value, int) else 0  # "auto" is resolved before create()
+
+    return size(worker.concurrency), size(getattr(worker, "max_concurrency", 0))
+
+
+def _prefetch(worker: Any) -> int:
+    """The worker's prefetch multiplier: 1 where it fetches only for a free pool slot.
+
+    That is ``worker_disable_prefetch``, which Celery applies on a Redis broker only.
+    """
+    multiplier = getattr(worker, "prefetch_multiplier", None)
+    if multiplier is None:
+        multiplier = worker.app.conf.worker_prefetch_multiplier
+    if worker.app.conf.get("worker_disable_prefetch"):
+        try:
+            with worker.app.connection_for_read() as connection:  # not connected: no I/O
+                if connection.transport.driver_type == "redis":
+                    return 1
+        except Exception:  # only the wording of a warning depends on it
+            logger.debug("celery-leader: could not tell the broker's transport", exc_info=True)
+    return int(multiplier)
+
+
 def _check_pool_size(worker: Any, kind: str) -> None:
     """Refuse a prefork pool larger than the run table the watchdog reads."""
     if kind not in KILLABLE_POOLS:
         return
-    size = max(int(worker.concurrency or 0), int(getattr(worker, "max_concurrency", 0) or 0))
+    size = max(_pool_sizes(worker))
     if size > RUN_SLOTS:
         raise WorkerConfigurationError(
             f"celery-leader: a prefork pool of {size} processes is more than the {RUN_SLOTS} "
@@ -238,6 +266,9 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
         warn_about_visibility(worker.app, leader_tasks)
         kind = pool_kind(worker)
         warn_about_unkillable_runs(worker.app, leader_tasks, kind)
+        warn_about_one_slot(
+            leader_tasks, kind, *_pool_sizes(worker), prefetch_multiplier=_prefetch(worker)
+        )
         _check_pool_size(worker, kind)
         names = self.app_settings.names
         if batch is not None:

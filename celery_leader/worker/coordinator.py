@@ -466,7 +466,10 @@ class Coordinator:
                 "reason": f"this worker does not take part in election {election!r}",
                 "node": self.nodename,
             }
-        return found.step_down()
+        reply = found.step_down()
+        if reply.get("ok") and self.balancer is not None:
+            self.balancer.note_step_down(found.name)  # the step-down moves this election alone
+        return reply
 
     # -- shutdown (main thread) ----------------------------------------------
 

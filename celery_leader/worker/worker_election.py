@@ -301,6 +301,15 @@ class WorkerElection:
         if token is None:
             return {"ok": False, "reason": "not leader", "node": node, "election": self.name}
         if self._claim_stepping_down():
+            logger.info(
+                "celery-leader: %s steps down from election %r (token %d) on request: it "
+                "releases once the term's runs stopped, to whichever standby takes it, and "
+                "sits out %g s",
+                node,
+                self.name,
+                token,
+                self.settings.timing.ttl,
+            )
             self.revoke(token, on_loop=True)
             _in_background(self._finish_step_down, token, "celery-leader-step-down")
         return {"ok": True, "token": token, "node": node, "election": self.name}

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from celery_leader.elections.balance import Member, plan, shares
+from celery_leader.elections.balance import Member, plan, shares, successors
 
 SIX = frozenset(f"e{i}" for i in range(6))
 
@@ -84,3 +84,34 @@ def test_an_announcement_round_trips_and_a_bad_one_is_ignored():
     assert Member.parse("w1", member.payload()) == member
     assert Member.parse("w1", "not json") is None
     assert Member.parse("w1", '{"eligible": ["a"], "held": ["a", "z"]}').held == {"a"}
+
+
+def test_successors_are_the_plan_without_the_holder():
+    """Each election left with its holder goes, if that holder left, where the plan without
+    it puts it: w1's two elections to w2 and w3, one each."""
+    view = members(w1={"e0", "e1"}, w2={"e2", "e3"}, w3={"e4", "e5"})
+    after = successors(view, plan(view))
+    assert set(after) == SIX
+    assert {after["e0"], after["e1"]} == {"w2", "w3"}
+    without_w1 = plan({name: m for name, m in view.items() if name != "w1"})
+    assert {e: after[e] for e in ("e0", "e1")} == {e: without_w1[e] for e in ("e0", "e1")}
+
+
+def test_an_election_planned_away_from_its_holder_has_no_successor():
+    """w1 holds all six and w2 joined: the surplus is planned for w2 (it tries by plan)."""
+    view = members(w1=set(SIX), w2=set())
+    assigned = plan(view)
+    after = successors(view, assigned)
+    moving = {e for e, owner in assigned.items() if owner == "w2"}
+    assert len(moving) == 3
+    assert not moving & set(after), "a planned owner needs no successor"
+    assert all(after[e] == "w2" for e in SIX - moving)
+
+
+def test_a_yielded_election_survives_the_payload():
+    """yielded goes into the announcement only when there is one; older payloads parse."""
+    member = Member("w1", frozenset({"a", "b"}), frozenset({"a"}), frozenset({"b"}))
+    assert Member.parse("w1", member.payload()) == member
+    plain = Member("w1", frozenset({"a"}), frozenset())
+    assert "yielded" not in plain.payload()
+    assert Member.parse("w1", '{"eligible": ["a"], "held": []}') == plain

@@ -139,3 +139,72 @@ def test_a_stopped_balancer_leaves_the_group(store):
     _, b2 = planned_pair(store)
     b2.stop()
     assert set(store.announce("app.members", "w1", "{}", 2.0)) == {"w1"}
+
+
+SIX = tuple(f"app.e{i}" for i in range(6))
+
+
+def worker_of_six(nodename: str, leading: tuple[str, ...]) -> Worker:
+    elections = {name: Election(name, Manager(name in leading)) for name in SIX}
+    return Worker(nodename, elections)  # type: ignore[arg-type]
+
+
+def test_the_successor_of_an_election_left_with_its_holder_tries_at_once(store):
+    """Six elections, two each: for each of w1's elections exactly one other worker (the plan
+    without w1) does not wait, so a dead w1 is replaced as soon as its leases run out."""
+    w1 = worker_of_six("w1", ("app.e0", "app.e1"))
+    w2 = worker_of_six("w2", ("app.e2", "app.e3"))
+    w3 = worker_of_six("w3", ("app.e4", "app.e5"))
+    balancers = [balancer(store, w) for w in (w1, w2, w3)]
+    for _ in range(2):
+        for each in balancers:
+            each.run_pass()
+    _, b2, b3 = balancers
+    for name in ("app.e0", "app.e1"):
+        assert b2.planned(name) == "w1" == b3.planned(name), "left with its holder"
+        successor = b2.successor(name)
+        assert successor in ("w2", "w3") and b3.successor(name) == successor
+        delays = {"w2": b2.acquire_delay(name), "w3": b3.acquire_delay(name)}
+        assert delays[successor] == 0.0
+        assert all(d > 0 for who, d in delays.items() if who != successor), delays
+    assert {b2.successor("app.e0"), b2.successor("app.e1")} == {"w2", "w3"}, "spread"
+
+
+def stable(*balancers: Balancer, passes: int = STABLE_PASSES + 1) -> None:
+    for _ in range(passes):
+        for each in balancers:
+            each.run_pass()
+
+
+def test_nothing_is_handed_over_while_two_workers_announce_one_election(store):
+    """A dead worker's announcement outlives its leases: while it and the one that took its
+    election both announce it, the view is in transition and nothing is handed over."""
+    loaded = worker("w1", leading=NAMES)
+    joined = worker("w2", leading=("app.c",))  # took app.c; w1 still announces it too
+    b1, b2 = balancer(store, loaded), balancer(store, joined)
+    stable(b2, b1)
+    assert sum(e.handed_over for e in loaded.elections.values()) == 0
+    loaded.elections["app.c"].manager.leading = False  # w1's announcement catches up
+    stable(b1, b2)
+    assert sum(e.handed_over for e in loaded.elections.values()) == 1, "then the surplus goes"
+
+
+def test_a_step_down_holds_balancing_back_until_a_worker_joins_or_leaves(store):
+    """w2 gave app.e2 up on request and w1 took it (4 against 2): nothing else moves; once
+    a third worker joins, balancing resumes."""
+    w1 = worker_of_six("w1", ("app.e0", "app.e1", "app.e4"))
+    w2 = worker_of_six("w2", ("app.e2", "app.e3", "app.e5"))
+    b1, b2 = balancer(store, w1), balancer(store, w2)
+    stable(b1, b2)
+    assert sum(e.handed_over for w in (w1, w2) for e in w.elections.values()) == 0
+    b2.note_step_down("app.e2")  # the worker's step-down, then w1 takes it
+    w2.elections["app.e2"].manager.leading = False
+    w1.elections["app.e2"].manager.leading = True
+    stable(b1, b2, passes=STABLE_PASSES + 3)
+    assert sum(e.handed_over for e in w1.elections.values()) == 0, "the step-down stands"
+    assert b2.me_now().yielded == {"app.e2"}
+    b3 = balancer(store, worker_of_six("w3", ()))
+    stable(b3, b2, b1)
+    assert b2.me_now().yielded == set(), "the set of workers changed"
+    stable(b3, b2, b1)
+    assert sum(e.handed_over for e in w1.elections.values()) >= 1, "balancing resumed"

@@ -2,7 +2,9 @@
 
 A separate module, so that workers of every other integration test take part
 in the default election only. LEADER_EXCLUDE (comma-separated) sets
-``leader_elections_exclude``; LEADER_ELECTIONS sets ``leader_elections``.
+``leader_elections_exclude``; LEADER_ELECTIONS sets ``leader_elections``;
+LEADER_RECORDERS (comma-separated) adds a recording task ``<election>_record``
+for each election it names.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def _recorder(election):
 
 billing_record = _recorder("billing")
 reports_record = _recorder("reports")
+for _election in filter(None, os.environ.get("LEADER_RECORDERS", "").split(",")):
+    _recorder(_election)
 
 if os.environ.get("LEADER_BEAT_EVERY"):
     # A beat entry may target a named election's task like any other: beat's own

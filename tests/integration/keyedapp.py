@@ -1,6 +1,7 @@
 """A test app whose leader tasks differ only in what assumes their runs end with their term.
 
-For the start-up warning of :mod:`celery_leader.worker.unkillable_runs`:
+For the start-up warnings of :mod:`celery_leader.worker.unkillable_runs`
+and :mod:`celery_leader.worker.one_slot`:
 tasks with an overlap policy, one that ``beat_schedule`` names (its sends
 carry occurrences), and ones with neither, under each ``on_loss``.
 Configured from the environment as ``leaderapp`` is (LEADER_BROKER,

@@ -327,16 +327,19 @@ def test_a_renew_grid_puts_a_followers_delayed_attempts_on_its_multiples():
     store = ModelStore(clock)
     store.holder, store.expires_at = "someone-else", 202.37
     tried_at = recording_attempts(clock, store)
-    delays = iter([0.0, 0.25])  # at once; at the lease's end (202.4), a balancer's 0.25 s
+    delays = iter([0.0, 0.25])  # at once; at the next grid point (201), a balancer's 0.25 s
     manager = make(clock, store, events, renew_grid=1.0, acquire_delay=lambda: next(delays, 0.0))
     drive(manager, clock, 203.5)
     assert tried_at[0] == 200.0, "the first attempt is at once"
-    assert tried_at[1] == 203.0, "after the delay (202.65 and later): on the grid"
+    assert tried_at[1] == 202.0, "after the delay (201.25 and later): on the grid"
+    assert 202.37 < tried_at[2] < 202.6, f"then at the lease's end: {tried_at}"
     assert manager.is_leader()
 
 
 def test_a_renew_grid_never_delays_the_attempt_when_the_holders_lease_ends():
-    """The failover is not moved to the grid: the attempt comes at the lease's end."""
+    """A follower looks on the grid while the lease lives (one batched call per grid point,
+    not one per lease end), and tries at the lease's end once it comes before the next one:
+    the failover is not moved to the grid."""
     clock, events = Clock(), []
     clock.now = 300.0
     store = ModelStore(clock)
@@ -344,6 +347,6 @@ def test_a_renew_grid_never_delays_the_attempt_when_the_holders_lease_ends():
     tried_at = recording_attempts(clock, store)
     manager = make(clock, store, events, renew_grid=1.0)
     drive(manager, clock, 303.5)
-    assert tried_at[0] == 300.0
-    assert 302.37 < tried_at[1] < 302.6, tried_at
+    assert tried_at[:3] == [300.0, 301.0, 302.0], tried_at
+    assert 302.37 < tried_at[3] < 302.6, tried_at
     assert manager.is_leader()
