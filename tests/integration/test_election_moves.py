@@ -66,7 +66,7 @@ def test_a_step_down_moves_one_election_at_once_and_nothing_else(cluster_for):
 @pytest.mark.slow
 def test_a_killed_worker_with_two_elections_is_replaced_in_each_within_the_ttl(cluster_for):
     """SIGKILL a worker leading two elections: each election's first task runs on another
-    worker within ttl + 0.5 s of the kill (README: ttl + a little), and within 0.5 s of the
+    worker within ttl + 0.5 s of the kill (the docs: ttl + a little), and within 0.5 s of the
     moment its lease ran out; no standby waits for the dead worker's announcement to expire."""
     cluster = cluster_for("redis")
     workers = start_six(cluster)
