@@ -60,7 +60,7 @@ def test_start_up_warns_once_per_overlap_task_on_one_slot(cluster_for, pool, ext
     ("pool", "extra"), [("prefork", ["-c", "1"]), ("solo", [])], ids=["prefork-c1", "solo"]
 )
 def test_on_one_slot_messages_sent_during_a_run_run_after_it(cluster_for, pool, extra):
-    """What the docs (Singleton jobs) say of -c 1 with a prefetch multiplier of 1 (leaderapp's) and of
+    """What the docs say of -c 1 with a prefetch multiplier of 1 (leaderapp's) and of
     solo: overlap="skip" skips nothing there; the two messages sent while a run goes on each
     run after it, one at a time."""
     cluster = cluster_for("redis")
