@@ -13,7 +13,11 @@ places where work runs (pool children, the watchdog, the gate) see it:
   extended (a revoked term stays revoked). A term not published, or not
   extended, ends in shared memory at the validity last published;
 * **LOST / RELEASED**: the term is revoked in the slot at once and for good,
-  then ``on_ended`` runs (the worker ends the term's work there).
+  then ``on_ended`` runs (the worker ends the term's work there);
+* **each confirmation of the process's lifeline** (when the election has
+  one, :mod:`celery_leader.lease.lifeline`): ``may_publish`` is asked, then
+  the term's validity is extended to what the lifeline allows. The validity
+  published is never later than the lifeline allows, nor than the lease.
 
 Guarantee: the slot never shows a term as valid longer than the lease
 manager published it, and never again once it was revoked (see
@@ -29,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery_leader.elections.shared_lease import SharedLease
-from celery_leader.lease import EventKind, LeaseEvent, LeaseManager, Term
+from celery_leader.lease import EventKind, LeaseEvent, LeaseManager, Role, Term
 from celery_leader.lease.timing import LeaseTiming
 from celery_leader.stores.base import Holder, LeaseStore
 
@@ -70,16 +74,33 @@ class Election:
             release_guard=release_guard,
             **manager_options,
         )
+        lifeline = manager_options.get("lifeline")
+        if lifeline is not None:
+            lifeline.add_listeners(confirmed=self.refresh)
+
+    def refresh(self) -> None:
+        """Publish the current term's validity again (after a lifeline confirmation)."""
+        state = self.manager.state()
+        token, valid_until = state.token, state.valid_until
+        if state.role is Role.LEADER and token and valid_until is not None and self._allowed():
+            self.shared.publish(token, valid_until)  # refused once revoked
+
+    def _valid_until(self, event: LeaseEvent) -> float:
+        """The validity to publish for *event*'s term: the lease's, bounded by the lifeline."""
+        state = self.manager.state()
+        if state.token == event.term.token and state.valid_until is not None:
+            return min(event.term.valid_until, state.valid_until)
+        return event.term.valid_until
 
     def _on_event(self, event: LeaseEvent) -> None:
         token = event.term.token
         if event.kind is EventKind.ELECTED:
             if self._allowed():
-                self.shared.publish(token, event.term.valid_until)
+                self.shared.publish(token, self._valid_until(event))
             self._call(self._on_elected, event)
         elif event.kind is EventKind.RENEWED:
             if self._allowed():
-                self.shared.publish(token, event.term.valid_until)  # refused once revoked
+                self.shared.publish(token, self._valid_until(event))  # refused once revoked
         else:
             self.shared.revoke(token)
             self._call(self._on_ended, event)

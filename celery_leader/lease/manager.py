@@ -60,8 +60,16 @@ from celery_leader import clock as lease_clock
 from celery_leader._masking import mask_text
 from celery_leader.exceptions import StoreAuthError, StoreError
 from celery_leader.lease.bounded import BoundedCaller, store_call
+from celery_leader.lease.lifeline import TAKEOVER_WAIT, HolderLifeline, LifelineMonitor
 from celery_leader.lease.timing import LeaseTiming
-from celery_leader.stores.base import Holder, LeaseRecord, LeaseStore, Watch
+from celery_leader.stores.base import (
+    AcquireResult,
+    Holder,
+    LeaseRecord,
+    LeaseStore,
+    Lifelines,
+    Watch,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +103,8 @@ class LossReason(str, enum.Enum):
     EXPIRED = "expired"
     #: The liveness check said the process is not fit to lead.
     NOT_LIVE = "not-live"
+    #: The lifeline the term was tied to ended (:mod:`celery_leader.lease.lifeline`).
+    LIFELINE_ENDED = "lifeline-ended"
 
 
 class EventKind(enum.Enum):
@@ -162,6 +172,9 @@ class LeaseState:
     """Monotonic end of validity, or None when not holding."""
     hold_until: float | None = None
     """While ``HOLDING``: when the hold-off ends and this holder may lead (same clock)."""
+    lifeline: str = ""
+    """The key of the lifeline the term is tied to (empty: none); :meth:`LeaseManager.state`
+    bounds ``valid_until`` by that lifeline's validity."""
 
     def is_leader(self, now: float) -> bool:
         """True when this snapshot says "leader" and validity has not run out at *now*."""
@@ -186,6 +199,8 @@ class _Held:
     elected_at: float | None = None
     after: str = ""
     """Whom this term follows, for the log line that announces it (may be empty)."""
+    lifeline: str = ""
+    """The key of the lifeline this term is tied to (empty: none)."""
 
     def term(self) -> Term:
         return Term(self.token, self.elected_at or 0.0, self.valid_until)
@@ -215,8 +230,23 @@ class LeaseManager:
         call: StoreCall | None = None,
         acquire_delay: Callable[[], float] | None = None,
         renew_grid: float | None = None,
+        lifeline: HolderLifeline | None = None,
+        lifelines: LifelineMonitor | None = None,
     ) -> None:
         self.store = store
+        #: With a lifeline (:mod:`celery_leader.lease.lifeline`), every term is tied to this
+        #: process's lifeline, and a holder whose lifeline a follower saw end is taken over
+        #: after TAKEOVER_WAIT instead of at its lease's expiry. Both or neither.
+        if (lifeline is None) != (lifelines is None):
+            raise ValueError("lifeline and lifelines go together")
+        self._lifeline = lifeline
+        self._lifelines = lifelines
+        #: The lifeline key a follower reads (the holder last seen), and the key of a
+        #: lifeline of ours that ended (set by the lifeline's thread).
+        self._followed_key = ""
+        self._own_ended: str | None = None
+        #: When a takeover's lifeline was seen ended, for the log line of the term it began.
+        self._took_over_seen_at: float | None = None
         #: With a grid (seconds), renewals land on its multiples of the lease clock, never
         #: later than without it: the leases of one worker renew together, so a store
         #: that batches renews them in one call (see celery_leader.stores.batch).
@@ -279,9 +309,19 @@ class LeaseManager:
         return self._holder
 
     def state(self) -> LeaseState:
-        """A snapshot of role, token and validity."""
+        """A snapshot of role, token and validity (bounded by the term's lifeline, if any)."""
         with self._lock:
-            return self._state
+            state = self._state
+        bound = self._lifeline_bound(state)
+        if bound is None or state.valid_until is None or bound >= state.valid_until:
+            return state
+        return replace(state, valid_until=bound)
+
+    def _lifeline_bound(self, state: LeaseState) -> float | None:
+        """Until when the lifeline of *state*'s term lets it act; None: no lifeline bound."""
+        if not state.lifeline or self._lifeline is None:
+            return None
+        return self._lifeline.valid_until(state.lifeline)
 
     def is_leader(self) -> bool:
         """True while this manager leads and its validity has not run out."""
@@ -295,7 +335,13 @@ class LeaseManager:
         the attribute is as consistent as :meth:`state`).
         """
         state = self._state
-        return state.token if state.is_leader(self._clock()) else None
+        now = self._clock()
+        if not state.is_leader(now):
+            return None
+        lifeline = self._lifeline
+        if state.lifeline and lifeline is not None and now >= lifeline.valid_until(state.lifeline):
+            return None
+        return state.token
 
     def time_left(self) -> float | None:
         """Seconds of validity left when leading, else None."""
@@ -404,6 +450,8 @@ class LeaseManager:
 
     def _run(self) -> None:
         watch = self._open_watch()
+        if self._lifeline is not None:
+            self._lifeline.add_listeners(ended=self._on_own_lifeline_ended)
         try:
             while not self._stopping:
                 self._wake.clear()
@@ -416,6 +464,9 @@ class LeaseManager:
                     self._wake.wait(delay)
         finally:
             self._give_up(release=self._release_on_stop)
+            self._follow("")
+            if self._lifeline is not None:
+                self._lifeline.remove_listeners(ended=self._on_own_lifeline_ended)
             if watch is not None:
                 watch.close()
             if self._caller is not None:
@@ -432,6 +483,26 @@ class LeaseManager:
                 exc_info=True,
             )
             return None
+
+    def _on_own_lifeline_ended(self, key: str) -> None:
+        """The lifeline's thread: the lifeline *key* ended; the term tied to it ends."""
+        self._own_ended = key
+        self._wake.set()
+
+    def _on_followed_lifeline_ended(self) -> None:
+        """The monitor's thread: the lifeline of the holder last seen ended."""
+        self._wake.set()
+
+    def _follow(self, key: str) -> None:
+        """Read lifeline *key* (the holder's) from now on, and no other; "" reads none."""
+        monitor = self._lifelines
+        if monitor is None or key == self._followed_key:
+            return
+        if self._followed_key:
+            monitor.unfollow(self._followed_key, self._on_followed_lifeline_ended)
+        self._followed_key = key
+        if key:
+            monitor.follow(key, self._on_followed_lifeline_ended)
 
     def _on_store_change(self) -> None:
         if self._held is None:
@@ -524,7 +595,8 @@ class LeaseManager:
             logger.exception("celery-leader: acquire_delay of election %r raised", self.name)
             return 0.0
 
-    def _try_acquire(self) -> float:
+    def _not_yet(self) -> float | None:
+        """Seconds to wait before the next attempt (sitting out, held back); None: try now."""
         now = self._clock()
         if now < self._sit_out_until:
             return self._on_grid(self._sit_out_until - now)
@@ -532,16 +604,26 @@ class LeaseManager:
         if wait > 0:
             self._held_back = True  # not looking at the lease meanwhile: the story may go stale
             return self._on_grid(wait)
+        return None
+
+    def _try_acquire(self) -> float:
+        later = self._not_yet()
+        if later is not None:
+            return later
         if self._term_ended:
             self._term_ended = False
             self._holder = replace(self._holder, lease_id=uuid.uuid4().hex)
-        holder, min_token = self._holder, self._max_token
+        if self._lifeline is not None:
+            key = self._lifeline.key()
+            if key != self._holder.lifeline:
+                self._holder = replace(self._holder, lifeline=key)
+        dead = self._dead_holder()
+        if isinstance(dead, float):
+            return dead
+        holder = self._holder
         t_sent = self._clock()
         try:
-            result = self._store_call(
-                "acquire",
-                lambda: self.store.acquire(self.name, holder, self.timing.ttl, min_token),
-            )
+            result = self._ask_for_lease(holder, dead)
         except StoreError as exc:
             self._acquire_failing = True
             self._store_failed(exc)
@@ -565,6 +647,7 @@ class LeaseManager:
             self._foreign_logged = False
             self._observe(ObservationKind.HOLDER_SEEN)
             self._saw_holder(result.holder, t_sent)
+            self._follow(result.holder.lifeline if result.holder is not None else "")
             # Wake when the current lease would end; a release notification
             # wakes us sooner, and so does the renew grid.
             retry_in = self.timing.ttl if result.retry_in is None else result.retry_in
@@ -572,12 +655,15 @@ class LeaseManager:
         assert result.token is not None
         self._observe(ObservationKind.HOLDER_SEEN)
         self._max_token = max(self._max_token, result.token)
+        self._took_over_seen_at = None if dead is None else self._dead_seen_at(dead)
+        self._follow("")
         held = _Held(
             token=result.token,
             valid_until=self.timing.valid_until(t_sent),
             next_renew_at=self._next_renew(t_sent),
             hold_until=t_recv + result.hold_off,
             after=self._predecessor(t_sent),
+            lifeline=holder.lifeline,
         )
         if result.hold_off > 0 and result.restarted_ago is not None:
             # The data is the store's own, only its server restarted: no word of lost data.
@@ -603,7 +689,11 @@ class LeaseManager:
             )
             with self._lock:
                 self._state = LeaseState(
-                    Role.HOLDING, held.token, held.valid_until, hold_until=held.hold_until
+                    Role.HOLDING,
+                    held.token,
+                    held.valid_until,
+                    hold_until=held.hold_until,
+                    lifeline=held.lifeline,
                 )
         self._held = held
         return self._keep()
@@ -612,8 +702,9 @@ class LeaseManager:
         held = self._held
         assert held is not None
         now = self._clock()
-        if now >= held.valid_until:
-            self._lose(LossReason.EXPIRED)
+        if now >= held.valid_until or self._lifeline_ended(held):
+            if self._held is held:
+                self._lose(LossReason.EXPIRED)
             return 0.0
         if now >= held.next_renew_at:
             if self._liveness is not None and not self._is_live():
@@ -644,6 +735,21 @@ class LeaseManager:
         if held.elected_at is None:
             wake_at = min(wake_at, held.hold_until)
         return max(0.0, wake_at - self._clock())
+
+    def _lifeline_ended(self, held: _Held) -> bool:
+        """End *held* when the lifeline it is tied to ended (the lifeline's thread said so)."""
+        ended, self._own_ended = self._own_ended, None
+        if not held.lifeline or ended != held.lifeline:
+            return False
+        # A follower may take over once its wait is out; the work stops now, and the
+        # lease is handed over (or left to expire) as for a worker not fit to lead.
+        term = held.term()
+        self._lose(LossReason.LIFELINE_ENDED)
+        if held.elected_at is None:
+            self._leave_hold_off_to_expire(held)
+        else:
+            self._release_after_stop(term)
+        return True
 
     def _is_live(self) -> bool:
         assert self._liveness is not None
@@ -683,7 +789,9 @@ class LeaseManager:
         held.next_renew_at = self._next_renew(t_sent)
         if held.elected_at is not None:
             with self._lock:
-                self._state = LeaseState(Role.LEADER, held.token, held.valid_until)
+                self._state = LeaseState(
+                    Role.LEADER, held.token, held.valid_until, lifeline=held.lifeline
+                )
             self._emit(EventKind.RENEWED, held.term(), latency=latency)
         else:
             with self._lock:
@@ -693,7 +801,9 @@ class LeaseManager:
     def _elect(self, held: _Held, now: float) -> None:
         held.elected_at = now
         with self._lock:
-            self._state = LeaseState(Role.LEADER, held.token, held.valid_until)
+            self._state = LeaseState(
+                Role.LEADER, held.token, held.valid_until, lifeline=held.lifeline
+            )
         logger.info(
             "celery-leader: %s leads election %r (token %d)%s",
             self.holder.nodename,
@@ -729,6 +839,37 @@ class LeaseManager:
         heard = self._release_heard_at
         self._release_heard_at = heard if heard is not None and heard >= t_sent else None
 
+    def _ask_for_lease(self, holder: Holder, dead: LeaseRecord | None) -> AcquireResult:
+        """One acquire, or a takeover of *dead*'s term when its lifeline was seen ended."""
+        min_token, ttl = self._max_token, self.timing.ttl
+        if dead is None:
+            return self._store_call(  # type: ignore[no-any-return]
+                "acquire", lambda: self.store.acquire(self.name, holder, ttl, min_token)
+            )
+        store: Lifelines = self.store  # type: ignore[assignment]
+        return self._store_call(  # type: ignore[no-any-return]
+            "take over", lambda: store.take_over(self.name, holder, ttl, dead, min_token)
+        )
+
+    def _dead_holder(self) -> LeaseRecord | float | None:
+        """The holder last seen, once its lifeline ended and the wait is out: take it over.
+
+        A float: seconds still to wait (rule 2 of :mod:`celery_leader.lease.lifeline`).
+        None: acquire as usual (no lifeline, or not seen ended).
+        """
+        seen, monitor = self._seen, self._lifelines
+        if monitor is None or seen is None or not seen.lifeline or self._is_us(seen):
+            return None
+        ended = monitor.ended_at(seen.lifeline)
+        if ended is None:
+            return None
+        wait = ended + TAKEOVER_WAIT - self._clock()
+        return wait if wait > 0 else seen
+
+    def _dead_seen_at(self, dead: LeaseRecord) -> float | None:
+        """When the lifeline of the holder taken over was seen ended."""
+        return None if self._lifelines is None else self._lifelines.ended_at(dead.lifeline)
+
     def _is_us(self, record: LeaseRecord) -> bool:
         """True when *record* is this process's own (a restart with the same name is not us)."""
         return (record.nodename, record.pid) == (self.holder.nodename, self.holder.pid)
@@ -752,7 +893,13 @@ class LeaseManager:
         # A watch call-back alone proves nothing (a watch also calls back when it
         # reconnects, and a polling one once it finds an expired lease free): released
         # means heard of before the lease's end.
-        if not seen.expires_in_exact:
+        seen_ended = self._took_over_seen_at
+        if seen_ended is not None:
+            how = (
+                "whose process died: its lifeline ended at least "
+                f"{max(0.0, t_sent - seen_ended):.2f} s before this takeover"
+            )
+        elif not seen.expires_in_exact:
             how = "whose lease ended (released or expired: the store does not say which)"
         elif heard is not None and heard < self._seen_until - RELEASE_SLACK:
             how = "which released it"

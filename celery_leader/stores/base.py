@@ -28,7 +28,7 @@ import enum
 import os
 import socket
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -46,6 +46,10 @@ class Capability(enum.Enum):
     FENCING_SURVIVES_DATA_LOSS = "fencing-survives-data-loss"
     #: Workers on different hosts can share the store.
     MULTI_HOST = "multi-host"
+    #: The server drops something of a holder's process when the process dies (a
+    #: connection, a lock the kernel releases), and followers can see it end: a dead
+    #: leader is replaced within a fraction of a second (:class:`Lifelines`).
+    LIFELINE = "lifeline"
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,8 @@ class Holder:
     nodename: str
     hostname: str
     pid: int
+    lifeline: str = ""
+    """The key of this process's lifeline (:class:`Lifeline`) the term is tied to; empty: none."""
 
     @classmethod
     def for_this_process(cls, nodename: str | None = None) -> Holder:
@@ -93,6 +99,8 @@ class LeaseRecord:
     """
     expires_in_exact: bool = True
     """False when ``expires_in`` is only an upper bound (Azure says no time left)."""
+    lifeline: str = ""
+    """The key of the holder's lifeline the term is tied to (:class:`Lifelines`); empty: none."""
 
 
 class MissingExtraError(ImportError):
@@ -132,6 +140,88 @@ class Presence(Protocol):
 
     def withdraw(self, group: str, member: str) -> None:
         """Remove *member* from *group* now (a worker that stops)."""
+
+
+class LifelineEndedError(StoreError):
+    """The connection or lock of a :class:`Lifeline` is gone: the server no longer keeps it."""
+
+    kind = "unreachable"
+
+
+@runtime_checkable
+class Lifeline(Protocol):
+    """Something the store's server keeps for one process and drops when the process dies.
+
+    A connection of its own (PostgreSQL: a session advisory lock; Redis: a
+    subscription) or a lock the kernel releases (SQLite: ``flock``). The
+    server ends it when the kernel closes the process's socket or file, which
+    happens at once when the process dies, whatever killed it. It may also
+    end while the process lives (a server restart, an admin killing the
+    connection, a timeout): :mod:`celery_leader.lease.lifeline` holds the
+    rule that keeps both safe. A key is never used again once its lifeline
+    ended: a new lifeline has a new key.
+    """
+
+    #: Random, unique to this lifeline; followers ask the store about it by this key.
+    key: str
+
+    def confirm(self, timeout: float) -> None:
+        """One round trip on the lifeline itself; returns once the server answered on it.
+
+        The answer proves the server kept the lifeline at some moment after
+        the call was sent. Raises :class:`LifelineEndedError` when it is
+        gone for good (closed, broken, lost), and
+        :class:`~celery_leader.exceptions.StoreError` when no answer came
+        within *timeout* seconds.
+        """
+
+    def fileno(self) -> int:
+        """The descriptor a forked child must not keep (it drops its copy at fork)."""
+
+    def close(self) -> None:
+        """End the lifeline now (the server drops it)."""
+
+
+class LifelineReading(NamedTuple):
+    """Which lifelines a store's server keeps, as one connection of a follower saw it."""
+
+    session: str
+    """Names the server process and connection the reading came through. Two readings
+    of one session come from one server process, in order: a key seen alive, then
+    absent in the same session, ended in between. Readings of different sessions
+    prove nothing about each other."""
+    alive: frozenset[str]
+    """The keys asked about that the server keeps now."""
+
+
+@runtime_checkable
+class Lifelines(Protocol):
+    """An optional part a store may offer (:attr:`Capability.LIFELINE`): lifelines and takeovers.
+
+    A holder opens one :class:`Lifeline` per process and ties its terms to
+    it (:attr:`Holder.lifeline`, written into the lease record); a follower
+    reads whether the holder's lifeline is still kept, and once it saw it
+    end (and waited out the holder's grace, see
+    :mod:`celery_leader.lease.lifeline`) takes the lease over at once
+    instead of waiting for it to expire.
+    """
+
+    def open_lifeline(self) -> Lifeline:
+        """A new lifeline of this process, with a new key; raises StoreError when it cannot."""
+
+    def read_lifelines(self, keys: Collection[str]) -> LifelineReading:
+        """Which of *keys* the server keeps now: one round trip, whatever the number of keys."""
+
+    def take_over(
+        self, name: str, holder: Holder, ttl: float, dead: LeaseRecord, min_token: int = 0
+    ) -> AcquireResult:
+        """Acquire the lease of *name* although it is held, only from the term of *dead*.
+
+        Compare-and-set on the term (its token and lifeline key, as *dead*
+        read them): when the lease is free, or held by any other term, it
+        answers as :meth:`LeaseStore.acquire` would. The token and hold-off
+        rules of an acquire apply.
+        """
 
 
 @runtime_checkable

@@ -1,0 +1,455 @@
+"""Failover at the speed of death: a lifeline per process, and the rule that makes it safe.
+
+A lease ends by itself only at its expiry, a ttl after its last renewal.
+Most leaders that stop renewing died on a host that lives (an OOM kill, a
+SIGKILL at the end of a grace period, a crash in a C extension), and then
+the kernel closes the dead process's sockets and files at once, and the
+store's server sees it within milliseconds. A store with
+:attr:`~celery_leader.stores.base.Capability.LIFELINE` keeps something of
+each process that it drops then (a connection of its own, or a lock):
+the process's :class:`~celery_leader.stores.base.Lifeline`. A holder ties
+each term to its lifeline's key (written into the lease record), and a
+follower that sees the holder's lifeline end takes the lease over
+(:meth:`~celery_leader.stores.base.Lifelines.take_over`) instead of
+waiting for it to expire.
+
+The rule
+--------
+A lifeline also ends while its process lives: the server restarts or fails
+over, an admin kills the connection, a timeout or a partition closes it. So
+the end of a lifeline alone never lets anyone act. Two halves make it safe:
+
+1. **The holder's work is bounded by its lifeline.** The holder confirms its
+   lifeline every :data:`CONFIRM_EVERY` seconds with a round trip on the
+   lifeline's own connection. A term tied to a lifeline is valid only until
+   :data:`GRACE` seconds after the *sending* of the last confirmation that
+   came back, as well as until its lease validity: ``is_leader``, the
+   shared memory the pool children and the run watchdog read, and so every
+   place that starts or ends leader work. No confirmation can come back once
+   the server dropped the lifeline, so the holder's work stops at most
+   :data:`GRACE` seconds after the lifeline ended, whether the holder heard
+   of the end or not (a lost FIN, a partition): the run watchdog ends
+   ``terminate`` runs at that deadline from outside the main process.
+2. **The follower waits that bound out.** A follower reads the holder's
+   lifeline every :data:`POLL_EVERY` seconds on one connection of its own.
+   Seen kept, then not kept, *on the same connection* (one server process,
+   in order), it ended before the reading that showed it gone came back.
+   The follower takes over no sooner than :data:`TAKEOVER_WAIT` (``GRACE``
+   plus the watchdog's kill allowance) after that reading came back, and
+   only from that very term (compare-and-set on its token and lifeline key).
+
+From 1 and 2: when the follower acts, the holder's work tied to that
+lifeline has stopped, provided the holder's and the follower's clocks
+advance at about the same rate over :data:`TAKEOVER_WAIT` (the same
+assumption as guarantee 1, over a far shorter span) and the run watchdog
+is scheduled on time. Runs under ``cancel`` or ``finish`` are not ended at
+a deadline by anyone (the guarantees say so for a lease's end too).
+
+What follows from "the same connection":
+
+* a key is never confirmed on, or read through, another connection than
+  the one it was seen on: a store restart or a failover to a replica (whose
+  server never kept the key) ends every reader's session, and with it what
+  it had seen; the fast path is off for that lifeline, and the lease ends
+  at its expiry as before;
+* a key is never reopened: a holder whose lifeline ended loses the terms tied
+  to it (:attr:`~celery_leader.lease.manager.LossReason.LIFELINE_ENDED`),
+  opens a new lifeline with a new key, and ties only later terms to it.
+
+A holder stopped whole (SIGSTOP, a frozen container) keeps its sockets open:
+its lifeline is kept, no follower takes over early, and its lease expires
+as before. A holder so starved that its confirmations come back later than
+:data:`GRACE` stops leading until the next one comes back (its terminate
+runs are ended at the deadline): leading with a lifeline asks the lease
+thread to be scheduled within a quarter of a second.
+
+Who keeps the lifeline: the worker's (or beat's) main process, alone.
+Forked children drop their copy of its descriptor at fork (a child that
+exits never closes the connection under its parent, nor keeps it alive
+after its parent died). Work in a pool child is bounded by rule 1, since
+the watchdog and the child's own check read the validity rule 1 publishes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass
+
+from celery_leader import clock
+from celery_leader._masking import mask_text
+from celery_leader.exceptions import StoreError
+from celery_leader.stores.base import Lifeline, LifelineEndedError, Lifelines
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two confirmations of a holder's lifeline.
+CONFIRM_EVERY = 0.05
+#: Seconds a term tied to a lifeline stays valid after the sending of its last confirmation
+#: that came back. Longer survives longer stalls of the lease thread; shorter fails over sooner.
+GRACE = 0.25
+#: Seconds the run watchdog may take past a deadline to end a ``terminate`` run (its
+#: pass interval, with room): a follower waits it out on top of :data:`GRACE`.
+KILL_ALLOWANCE = 0.05
+#: Seconds a follower waits, after a reading showed the holder's lifeline gone, before it
+#: takes over: the holder's work tied to that lifeline has stopped by then.
+TAKEOVER_WAIT = GRACE + KILL_ALLOWANCE
+#: Seconds between two readings of the lifelines a process follows (one round trip each,
+#: whatever the number of elections).
+POLL_EVERY = 0.05
+#: Seconds before a holder whose lifeline could not be opened or ended tries a new one.
+REOPEN_AFTER = 1.0
+
+
+Callback = Callable[[], None]
+
+
+class HolderLifeline:
+    """The lifeline of this process on one store, confirmed every :data:`CONFIRM_EVERY` seconds.
+
+    A daemon thread opens it, confirms it, and after it ended opens a new
+    one (a new key) after :data:`REOPEN_AFTER`. :meth:`valid_until` is
+    rule 1 of the module docstring; listeners hear of each confirmation
+    (elections republish their validity) and of each end (the terms tied
+    to the ended key are lost).
+    """
+
+    def __init__(
+        self,
+        store: Lifelines,
+        label: str,
+        *,
+        now: Callable[[], float] = clock.now,
+    ) -> None:
+        self._store = store
+        self._label = label
+        self._now = now
+        self._lock = threading.Lock()
+        self._lifeline: Lifeline | None = None
+        self._valid_until = 0.0
+        self._confirmed: list[Callback] = []
+        self._ended: list[Callable[[str], None]] = []
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._opened = threading.Event()
+        _LIVE.add(self)
+
+    # -- reading (any thread) -------------------------------------------------
+
+    def key(self) -> str:
+        """The key of the lifeline now confirmed; empty while none is (not yet, or ended)."""
+        lifeline = self._lifeline
+        if lifeline is None or self._now() >= self._valid_until:
+            return ""
+        return lifeline.key
+
+    def valid_until(self, key: str) -> float:
+        """Until when a term tied to *key* may act (lease clock); 0 when *key* is not current."""
+        lifeline = self._lifeline
+        if not key or lifeline is None or lifeline.key != key:
+            return 0.0
+        return self._valid_until
+
+    def add_listeners(
+        self, confirmed: Callback | None = None, ended: Callable[[str], None] | None = None
+    ) -> None:
+        """Call *confirmed* after each confirmation, *ended* with the key of each that ended.
+
+        Both run on the lifeline's thread; what they raise is logged.
+        """
+        with self._lock:
+            if confirmed is not None:
+                self._confirmed.append(confirmed)
+            if ended is not None:
+                self._ended.append(ended)
+
+    def remove_listeners(
+        self, confirmed: Callback | None = None, ended: Callable[[str], None] | None = None
+    ) -> None:
+        """Stop calling the listeners given (as added)."""
+        with self._lock:
+            if confirmed in self._confirmed:
+                self._confirmed.remove(confirmed)
+            if ended in self._ended:
+                self._ended.remove(ended)
+
+    def wait_opened(self, timeout: float) -> bool:
+        """Block until a first lifeline was confirmed (at most *timeout* s): for tests."""
+        return self._opened.wait(timeout)
+
+    # -- the thread -------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open and confirm in a daemon thread; returns at once."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(
+            target=self._run, name=f"celery-leader-lifeline[{self._label}]", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop confirming and close the lifeline (the server drops it)."""
+        self._stopping.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(2.0)
+        self._close()
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            if self._lifeline is None:
+                try:
+                    opened = self._store.open_lifeline()
+                except Exception as exc:  # noqa: BLE001 - retried; a lifeline is never fatal
+                    failures += 1
+                    if failures == 1:
+                        logger.warning(
+                            "celery-leader: cannot open a lifeline on %s (failover waits for "
+                            "the lease to expire meanwhile): %s",
+                            self._label,
+                            mask_text(str(exc)),
+                        )
+                    self._stopping.wait(REOPEN_AFTER)
+                    continue
+                failures = 0
+                self._lifeline = opened
+            self._confirm_once()
+            self._stopping.wait(CONFIRM_EVERY)
+
+    def _confirm_once(self) -> None:
+        lifeline = self._lifeline
+        assert lifeline is not None
+        sent = self._now()
+        try:
+            lifeline.confirm(timeout=GRACE)
+        except (LifelineEndedError, StoreError) as exc:
+            # No answer in time ends it too: a late answer would be read as the next
+            # confirmation's, which was sent later (rule 1 counts from the sending).
+            self._end(lifeline, str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - a client failure we do not know: ended
+            self._end(lifeline, str(exc))
+            return
+        self._valid_until = max(self._valid_until, sent + GRACE)
+        self._opened.set()
+        for listener in self._listeners_confirmed():
+            try:
+                listener()
+            except Exception:
+                logger.exception("celery-leader: a lifeline listener raised")
+
+    def _end(self, lifeline: Lifeline, why: str) -> None:
+        self._valid_until = 0.0
+        self._lifeline = None
+        with suppress(Exception):
+            lifeline.close()
+        logger.warning(
+            "celery-leader: the lifeline of this process on %s ended (%s); the terms tied to "
+            "it end, and a new lifeline opens",
+            self._label,
+            mask_text(why) or "closed",
+        )
+        with self._lock:
+            listeners = list(self._ended)
+        for listener in listeners:
+            try:
+                listener(lifeline.key)
+            except Exception:
+                logger.exception("celery-leader: a lifeline listener raised")
+        self._stopping.wait(REOPEN_AFTER)
+
+    def _listeners_confirmed(self) -> list[Callback]:
+        with self._lock:
+            return list(self._confirmed)
+
+    def _close(self) -> None:
+        lifeline, self._lifeline = self._lifeline, None
+        self._valid_until = 0.0
+        if lifeline is not None:
+            with suppress(Exception):
+                lifeline.close()
+
+    def _drop_in_child(self) -> None:
+        """In a forked child: let go of the lifeline without touching the connection."""
+        lifeline, self._lifeline = self._lifeline, None
+        self._valid_until = 0.0
+        self._thread = None
+        self._lock = threading.Lock()
+        if lifeline is not None:
+            _blind(lifeline)
+
+
+@dataclass
+class _Followed:
+    """A key a follower asks about, and what its readings showed."""
+
+    callbacks: list[Callback]
+    seen_in: str | None = None
+    """The session the key was last seen kept in; None when never seen kept."""
+    ended_at: float | None = None
+    """Lease-clock time the reading that showed it gone came back; None while not seen gone."""
+
+
+class LifelineMonitor:
+    """The lifelines this process follows on one store, read every :data:`POLL_EVERY` seconds.
+
+    One thread and one round trip per reading, for every election the
+    process follows (rule 2 of the module docstring). A key seen kept and
+    then gone in one session is *ended*: its callbacks run once, and
+    :meth:`ended_at` says when the reading came back. The thread runs only
+    while a key is followed.
+    """
+
+    def __init__(
+        self, store: Lifelines, label: str, *, now: Callable[[], float] = clock.now
+    ) -> None:
+        self._store = store
+        self._label = label
+        self._now = now
+        self._lock = threading.Lock()
+        self._followed: dict[str, _Followed] = {}
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+        _LIVE.add(self)
+
+    def follow(self, key: str, callback: Callback) -> None:
+        """Read *key* from now on; call *callback* (on the monitor's thread) when it ends."""
+        if not key:
+            return
+        with self._lock:
+            followed = self._followed.setdefault(key, _Followed([]))
+            if callback not in followed.callbacks:
+                followed.callbacks.append(callback)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"celery-leader-lifelines[{self._label}]", daemon=True
+                )
+                self._thread.start()
+        self._wake.set()
+
+    def unfollow(self, key: str, callback: Callback) -> None:
+        """Stop calling *callback* for *key*; the key is no longer read once nobody follows it."""
+        with self._lock:
+            followed = self._followed.get(key)
+            if followed is None:
+                return
+            if callback in followed.callbacks:
+                followed.callbacks.remove(callback)
+            if not followed.callbacks:
+                del self._followed[key]
+
+    def ended_at(self, key: str) -> float | None:
+        """When a reading showed *key* gone after it was seen kept; None otherwise."""
+        with self._lock:
+            followed = self._followed.get(key)
+            return None if followed is None else followed.ended_at
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                keys = [k for k, f in self._followed.items() if f.ended_at is None]
+                if not self._followed:
+                    self._thread = None
+                    return
+            if keys:
+                self._read(keys)
+            self._wake.wait(POLL_EVERY)
+            self._wake.clear()
+
+    def _read(self, keys: list[str]) -> None:
+        try:
+            reading = self._store.read_lifelines(keys)
+        except Exception as exc:  # noqa: BLE001 - a failed reading shows nothing; the next may
+            logger.debug("lifeline reading on %s failed: %s", self._label, mask_text(str(exc)))
+            return
+        came_back = self._now()
+        due: list[Callback] = []
+        with self._lock:
+            for key in keys:
+                followed = self._followed.get(key)
+                if followed is None or followed.ended_at is not None:
+                    continue
+                if key in reading.alive:
+                    followed.seen_in = reading.session
+                elif followed.seen_in == reading.session:
+                    followed.ended_at = came_back
+                    due.extend(followed.callbacks)
+                else:
+                    followed.seen_in = None  # another session: what was seen proves nothing
+        for callback in due:
+            try:
+                callback()
+            except Exception:
+                logger.exception("celery-leader: a lifeline callback raised")
+
+    def _drop_in_child(self) -> None:
+        self._followed = {}
+        self._thread = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+
+
+# -- one of each per process and store ------------------------------------------
+
+_LIVE: weakref.WeakSet[HolderLifeline | LifelineMonitor] = weakref.WeakSet()
+_registry: dict[tuple[str, str], tuple[HolderLifeline, LifelineMonitor]] = {}
+_registry_lock = threading.Lock()
+
+
+def for_store(store: Lifelines, url: str) -> tuple[HolderLifeline, LifelineMonitor]:
+    """The lifeline and monitor of this process on the store at *url* (masked), made once.
+
+    *store* is any open store on that address (the first one asked serves
+    every election of the process).
+    """
+    key = (type(store).__qualname__, url)
+    with _registry_lock:
+        found = _registry.get(key)
+        if found is None:
+            holder = HolderLifeline(store, url)
+            holder.start()
+            found = _registry[key] = (holder, LifelineMonitor(store, url))
+        return found
+
+
+def close_all() -> None:
+    """Close every lifeline of this process (at shutdown, after the terms ended)."""
+    with _registry_lock:
+        entries = list(_registry.values())
+        _registry.clear()
+    for holder, _ in entries:
+        holder.stop()
+
+
+def _blind(lifeline: Lifeline) -> None:
+    """Point the child's copy of *lifeline*'s descriptor at /dev/null.
+
+    The child's client object may still close or write to it at exit (a
+    PostgreSQL client sends a goodbye that ends the session); /dev/null
+    takes it, and the parent's connection is untouched.
+    """
+    with suppress(Exception):
+        fd = lifeline.fileno()
+        if fd >= 0:
+            null = os.open(os.devnull, os.O_RDWR)
+            try:
+                os.dup2(null, fd)
+            finally:
+                os.close(null)
+
+
+def _after_fork_in_child() -> None:
+    global _registry_lock  # noqa: PLW0603 - the child's own registry
+    for item in list(_LIVE):
+        item._drop_in_child()
+    _registry.clear()
+    _registry_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
