@@ -136,6 +136,7 @@ class HolderLifeline:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._opened = threading.Event()
+        self._open_failures = 0
         _LIVE.add(self)
 
     # -- reading (any thread) -------------------------------------------------
@@ -201,28 +202,33 @@ class HolderLifeline:
         self._close()
 
     def _run(self) -> None:
-        failures = 0
         while not self._stopping.is_set():
-            if self._lifeline is None:
-                try:
-                    opened = self._store.open_lifeline()
-                except Exception as exc:  # noqa: BLE001 - retried; a lifeline is never fatal
-                    failures += 1
-                    if failures == 1:
-                        logger.warning(
-                            "celery-leader: cannot open a lifeline on %s (failover waits for "
-                            "the lease to expire meanwhile): %s",
-                            self._label,
-                            mask_text(str(exc)),
-                        )
-                    self._stopping.wait(REOPEN_AFTER)
-                    continue
-                failures = 0
-                self._lifeline = opened
-            self._confirm_once()
-            self._stopping.wait(CONFIRM_EVERY)
+            self._stopping.wait(self.step())
 
-    def _confirm_once(self) -> None:
+    def step(self) -> float:
+        """Open a lifeline when none is open, else confirm it once; seconds until the next step.
+
+        The thread calls it in a loop; the simulation calls it on its own clock.
+        """
+        if self._lifeline is None:
+            try:
+                opened = self._store.open_lifeline()
+            except Exception as exc:  # noqa: BLE001 - retried; a lifeline is never fatal
+                self._open_failures += 1
+                if self._open_failures == 1:
+                    logger.warning(
+                        "celery-leader: cannot open a lifeline on %s (failover waits for "
+                        "the lease to expire meanwhile): %s",
+                        self._label,
+                        mask_text(str(exc)),
+                    )
+                return REOPEN_AFTER
+            self._open_failures = 0
+            self._lifeline = opened
+        return CONFIRM_EVERY if self._confirm_once() else REOPEN_AFTER
+
+    def _confirm_once(self) -> bool:
+        """One confirmation; False when the lifeline ended."""
         lifeline = self._lifeline
         assert lifeline is not None
         sent = self._now()
@@ -232,10 +238,10 @@ class HolderLifeline:
             # No answer in time ends it too: a late answer would be read as the next
             # confirmation's, which was sent later (rule 1 counts from the sending).
             self._end(lifeline, str(exc))
-            return
+            return False
         except Exception as exc:  # noqa: BLE001 - a client failure we do not know: ended
             self._end(lifeline, str(exc))
-            return
+            return False
         self._valid_until = max(self._valid_until, sent + GRACE)
         self._opened.set()
         for listener in self._listeners_confirmed():
@@ -243,6 +249,7 @@ class HolderLifeline:
                 listener()
             except Exception:
                 logger.exception("celery-leader: a lifeline listener raised")
+        return True
 
     def _end(self, lifeline: Lifeline, why: str) -> None:
         self._valid_until = 0.0
@@ -262,7 +269,6 @@ class HolderLifeline:
                 listener(lifeline.key)
             except Exception:
                 logger.exception("celery-leader: a lifeline listener raised")
-        self._stopping.wait(REOPEN_AFTER)
 
     def _listeners_confirmed(self) -> list[Callback]:
         with self._lock:
@@ -307,8 +313,15 @@ class LifelineMonitor:
     """
 
     def __init__(
-        self, store: Lifelines, label: str, *, now: Callable[[], float] = clock.now
+        self,
+        store: Lifelines,
+        label: str,
+        *,
+        now: Callable[[], float] = clock.now,
+        threaded: bool = True,
     ) -> None:
+        #: Without a thread, :meth:`step` is called by the owner (the simulation).
+        self._threaded = threaded
         self._store = store
         self._label = label
         self._now = now
@@ -326,7 +339,7 @@ class LifelineMonitor:
             followed = self._followed.setdefault(key, _Followed([]))
             if callback not in followed.callbacks:
                 followed.callbacks.append(callback)
-            if self._thread is None:
+            if self._thread is None and self._threaded:
                 self._thread = threading.Thread(
                     target=self._run, name=f"celery-leader-lifelines[{self._label}]", daemon=True
                 )
@@ -353,14 +366,20 @@ class LifelineMonitor:
     def _run(self) -> None:
         while True:
             with self._lock:
-                keys = [k for k, f in self._followed.items() if f.ended_at is None]
                 if not self._followed:
                     self._thread = None
                     return
-            if keys:
-                self._read(keys)
+            self.step()
             self._wake.wait(POLL_EVERY)
             self._wake.clear()
+
+    def step(self) -> float:
+        """One reading of every key followed and not seen ended; seconds until the next."""
+        with self._lock:
+            keys = [k for k, f in self._followed.items() if f.ended_at is None]
+        if keys:
+            self._read(keys)
+        return POLL_EVERY
 
     def _read(self, keys: list[str]) -> None:
         try:
