@@ -95,6 +95,7 @@ from celery_leader.beat.steering import Steering, last_sent
 from celery_leader.elections.election import Election
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.exceptions import ConfigurationError, StoreCallTimeoutError, StoreError
+from celery_leader.lease import lifeline
 from celery_leader.lease.bounded import BoundedCaller, store_call
 from celery_leader.observe.extra import check_metrics_extra
 from celery_leader.settings import (
@@ -191,6 +192,12 @@ class BeatElection:
             holder=self.holder,
             liveness=self.is_live,
             release_guard=self.no_publish_in_flight,
+            **lifeline.manager_options(
+                self.store,
+                settings.masked_backend_url,
+                enabled=settings.fast_failover,
+                label="beat",
+            ),
         )
         self.manager = self.election.manager
         self._last_tick = time.monotonic()

@@ -79,6 +79,7 @@ import weakref
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
+from typing import Any
 
 from celery_leader import clock
 from celery_leader._masking import mask_text
@@ -425,16 +426,42 @@ def for_store(store: Lifelines, url: str) -> tuple[HolderLifeline, LifelineMonit
     """The lifeline and monitor of this process on the store at *url* (masked), made once.
 
     *store* is any open store on that address (the first one asked serves
-    every election of the process).
+    every election of the process). Nothing starts here: the lifeline's
+    thread starts with the first lease manager that uses it (after the
+    worker forked its watchdog), the monitor's with the first key followed.
     """
     key = (type(store).__qualname__, url)
     with _registry_lock:
         found = _registry.get(key)
         if found is None:
-            holder = HolderLifeline(store, url)
-            holder.start()
-            found = _registry[key] = (holder, LifelineMonitor(store, url))
+            found = _registry[key] = (HolderLifeline(store, url), LifelineMonitor(store, url))
         return found
+
+
+def manager_options(store: object, url: str, *, enabled: bool, label: str) -> dict[str, Any]:
+    """The :class:`~celery_leader.lease.manager.LeaseManager` options that tie terms to lifelines.
+
+    Empty when *enabled* is False (``leader_fast_failover``), and when the
+    store has no lifelines: then one line says so (once per *label*, the
+    process's role), and failover waits for the lease as before.
+    """
+    if not enabled:
+        return {}
+    if not isinstance(store, Lifelines):
+        if label not in _warned:
+            _warned.add(label)
+            logger.warning(
+                "celery-leader: leader_fast_failover is on, but the %s store cannot see a "
+                "process die (no lifeline): %s waits for the lease to expire when a leader dies",
+                url.split(":", 1)[0],
+                label,
+            )
+        return {}
+    lifeline, monitor = for_store(store, url)
+    return {"lifeline": lifeline, "lifelines": monitor}
+
+
+_warned: set[str] = set()
 
 
 def close_all() -> None:

@@ -18,6 +18,7 @@ from celery_leader.lease.timing import LeaseTiming
 from celery_leader.settings.beat import BeatSettings, beat_settings, beat_unled
 from celery_leader.settings.checks import warn_about_spelling
 from celery_leader.settings.elections import ElectionChoice, election_choice, leader_task_routes
+from celery_leader.settings.failover import fast_failover
 from celery_leader.settings.metrics import BEAT_METRICS_PORT, MetricsSettings, metrics_settings
 from celery_leader.settings.names import (
     BEAT_SUFFIX,
@@ -43,6 +44,8 @@ class LeaderSettings:
     stop_grace: float
     """Seconds a step-down or warm shutdown gives leader runs to stop before prefork kills them."""
     metrics: MetricsSettings
+    fast_failover: bool = False
+    """``leader_fast_failover``: tie terms to a lifeline where the store has one."""
 
     @property
     def masked_backend_url(self) -> str:
@@ -85,6 +88,8 @@ class AppSettings:
     """Which named elections a worker competes in (``leader_elections``, ...)."""
     task_routes: tuple[tuple[str, str | None], ...] = ()
     """``leader_tasks`` as (pattern, election) pairs."""
+    fast_failover: bool = False
+    """``leader_fast_failover`` (see :mod:`celery_leader.lease.lifeline`)."""
 
     @property
     def task_patterns(self) -> tuple[str, ...]:
@@ -111,6 +116,7 @@ class AppSettings:
             store_options=self.store_options,
             stop_grace=self.stop_grace,
             metrics=self.beat_metrics if name == self.names.beat else self.metrics,
+            fast_failover=self.fast_failover,
         )
 
     def for_named(self, election: str | None) -> LeaderSettings:
@@ -174,6 +180,7 @@ def load_app_settings(
         beat_unled=beat_unled(conf),
         choice=election_choice(conf),
         task_routes=leader_task_routes(conf),
+        fast_failover=fast_failover(conf),
     )
     warn_about_spelling(conf)
     return settings

@@ -85,7 +85,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from typing import Any, ClassVar
 
@@ -107,8 +107,11 @@ from celery_leader.stores.base import (
     Holder,
     LeaseRecord,
     LeaseStoreClass,
+    Lifeline,
+    LifelineReading,
     Watch,
 )
+from celery_leader.stores.redis_lifeline import LifelineReader, RedisLifeline
 from celery_leader.stores.watch import WatchThread
 
 logger = logging.getLogger(__name__)
@@ -273,6 +276,7 @@ def _acquire_args(holder: Holder, ttl: float, min_token: int) -> list[str | int]
             "nodename": holder.nodename,
             "hostname": holder.hostname,
             "pid": holder.pid,
+            "lifeline": holder.lifeline,
         }
     )[:-1]
     return [holder.lease_id, prefix, max(1, int(ttl * 1000)), int(min_token)]
@@ -287,6 +291,7 @@ class RedisLeaseStore:
             Capability.SERVER_TIME,
             Capability.FENCING_SURVIVES_DATA_LOSS,
             Capability.MULTI_HOST,
+            Capability.LIFELINE,
         }
     )
     schemes: ClassVar[tuple[str, ...]] = ("redis://", "rediss://", "unix://")
@@ -307,6 +312,34 @@ class RedisLeaseStore:
     # doubles, exact to 2^53 (the clock reaches that in the year 2255). They
     # leave Lua through string.format('%d'): tostring() keeps only 14 digits.
     ACQUIRE_LUA = _INCARNATION + _ACQUIRE_BODY
+
+    # ACQUIRE_LUA's KEYS and ARGV, then ARGV[5] the dead term's token, ARGV[6] its lifeline
+    # key. When the lease is held by that very term (token and lifeline), past its hold-off,
+    # it is freed as a release frees it (no "the store forgot" from its early end), then
+    # ACQUIRE_LUA runs; any other lease answers as ACQUIRE_LUA does.
+    TAKE_OVER_LUA = (
+        _INCARNATION
+        + "local function acquire_one(KEYS, ARGV)\n"
+        + _ACQUIRE_BODY
+        + "end\n"
+        + """
+    local current = redis.call('GET', KEYS[1])
+    if current and ARGV[6] ~= '' then
+      local ok, rec = pcall(cjson.decode, current)
+      local t = redis.call('TIME')
+      local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      -- A term still in its hold-off is not taken over: the holder the store forgot
+      -- may act until that hold-off ends, and the lease then ends at its expiry.
+      if ok and type(rec) == 'table' and rec['lifeline'] == ARGV[6]
+         and type(rec['token']) == 'number' and string.format('%d', rec['token']) == ARGV[5]
+         and (tonumber(rec['hold_until_us']) or 0) <= now_us then
+        redis.call('DEL', KEYS[1])
+        redis.call('HSET', KEYS[3], 'lease_end_us', '0')
+      end
+    end
+    return acquire_one(KEYS, ARGV)
+    """
+    )
 
     # KEYS[1] lease key, KEYS[2] meta hash. ARGV[1] lease id, ARGV[2] ttl in ms.
     # Returns 1 when the lease was ours and now lasts ttl from now, else 0.
@@ -443,6 +476,10 @@ class RedisLeaseStore:
         self._set_state = client.register_script(self.SET_STATE_LUA)
         self._announce = client.register_script(self.ANNOUNCE_LUA)
         self._call_many = client.register_script(self.CALL_MANY_LUA)
+        self._take_over = client.register_script(self.TAKE_OVER_LUA)
+        pool = client.connection_pool
+        self._timeout = float(pool.connection_kwargs.get("socket_timeout") or 1.0) * 2
+        self._lifeline_reader = LifelineReader(pool, self._timeout, self.url)
         #: False once the server refused a script across hash slots (cluster mode).
         self.batches = True
         self._eviction_checked = False
@@ -570,6 +607,23 @@ class RedisLeaseStore:
                 policy,
             )
 
+    def take_over(
+        self, name: str, holder: Holder, ttl: float, dead: LeaseRecord, min_token: int = 0
+    ) -> AcquireResult:
+        """See :class:`~celery_leader.stores.base.Lifelines`: one script, a CAS on the term."""
+        args = [*_acquire_args(holder, ttl, min_token), str(dead.token), dead.lifeline]
+        with self._translated("take over"):
+            reply = self._take_over(keys=_acquire_keys(name), args=args)
+        return self._acquired(reply)
+
+    def open_lifeline(self) -> Lifeline:
+        """A subscribed connection of this process (:mod:`celery_leader.stores.redis_lifeline`)."""
+        return RedisLifeline(self._client.connection_pool, self._timeout, self.url)
+
+    def read_lifelines(self, keys: Collection[str]) -> LifelineReading:
+        """``PUBSUB NUMSUB`` of the keys' channels on the readings' own connection."""
+        return self._lifeline_reader.read(keys)
+
     def renew(self, name: str, lease_id: str, ttl: float) -> bool:
         """Compare-and-set PEXPIRE on our own lease (and its recorded end)."""
         with self._translated("renew"):
@@ -689,7 +743,8 @@ class RedisLeaseStore:
         return _release_watch(self._client, release_channel(name), callback)
 
     def close(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pool (a lifeline open on it stays: it closes by itself)."""
+        self._lifeline_reader.close()
         self._client.close()
 
 
@@ -721,6 +776,7 @@ def _parse_record(value: object, expires_in: float, now: float) -> LeaseRecord |
             expires_in=expires_in,
             hold_off=max(0.0, hold_until - now) if now else 0.0,
             renewed_ago=renewed_ago,
+            lifeline=str(data.get("lifeline") or ""),
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         return None

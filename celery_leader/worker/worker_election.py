@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from celery_leader import signals
 from celery_leader.elections.election import Election
-from celery_leader.lease import EventKind, LeaseEvent, Role
+from celery_leader.lease import EventKind, LeaseEvent, Role, lifeline
 from celery_leader.settings import LeaderSettings
 from celery_leader.stores.base import Holder, LeaseStore
 from celery_leader.term_end.in_worker import SnapshotError, TermEnd
@@ -138,6 +138,12 @@ class WorkerElection:
             on_ended=self._on_ended,
             acquire_delay=lambda: coordinator.acquire_delay(settings.name),
             renew_grid=coordinator.renew_grid,
+            **lifeline.manager_options(
+                store,
+                settings.masked_backend_url,
+                enabled=settings.fast_failover,
+                label="the worker",
+            ),
         )
         self.manager = self.election.manager
         #: This election's shared-memory slot (its group holds the run table).

@@ -5,7 +5,7 @@ LEADER_BROKER, LEADER_STORE, LEADER_HISTORY (a Redis URL where runs are
 recorded), LEADER_TTL, LEADER_RENEW and LEADER_STORE_TIMEOUT (optional),
 LEADER_VISIBILITY (the broker's visibility_timeout, seconds: Redis, SQS),
 LEADER_TRANSPORT_OPTIONS (JSON: more broker transport options, such as an
-SQS server's region).
+SQS server's region), LEADER_FAST_FAILOVER (any value: leader_fast_failover on).
 LEADER_NAME names the election and prefixes the queues, so tests sharing one
 RabbitMQ never see each other's messages.
 """
@@ -30,6 +30,8 @@ app.conf.leader_backend_url = os.environ.get("LEADER_STORE", app.conf.broker_url
 app.conf.leader_lease_ttl = float(os.environ.get("LEADER_TTL", "3"))
 if os.environ.get("LEADER_RENEW"):
     app.conf.leader_renew_interval = float(os.environ["LEADER_RENEW"])
+if os.environ.get("LEADER_FAST_FAILOVER"):
+    app.conf.leader_fast_failover = True
 if os.environ.get("LEADER_STORE_TIMEOUT"):
     app.conf.leader_store_timeout = float(os.environ["LEADER_STORE_TIMEOUT"])
 _visibility = float(os.environ.get("LEADER_VISIBILITY", "30"))
@@ -94,7 +96,7 @@ def plain_record(self, i):
 @leader_only(on_loss="terminate")
 @app.task(bind=True)
 def slow_terminate(self, seconds, tag):
-    record("start", self, tag=tag)
+    record("start", self, tag=tag, pid=os.getpid())
     time.sleep(seconds)
     record("end", self, tag=tag)
     return tag

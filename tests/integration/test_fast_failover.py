@@ -1,0 +1,171 @@
+"""Fast failover (``leader_fast_failover``): real workers, a lease of 10 s, a leader that dies.
+
+What each test shows, on real ``celery worker`` processes:
+
+* SIGKILL of the leader's main process, or of its whole process group: the
+  next leader runs leader work within a few seconds, far sooner than the
+  lease (10 s) would let it, and a ``terminate`` run left in the dead
+  leader's pool child is gone before the next leader's first run starts;
+* SIGSTOP is not death: nobody takes over early;
+* ``CLIENT KILL`` of the leader's lifeline connection while the leader
+  lives: it stops leading (its terminate run ends), and the next leader
+  starts only after that.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import redis
+
+from celery_leader.stores import open_store
+from celery_leader.stores.redis_lifeline import client_name
+from tests.lease.test_election import wait_for
+
+TTL = 10.0
+
+
+def _runs(rows, kind="start"):  # type: ignore[no-untyped-def]
+    return [r for r in rows if r["kind"] == kind]
+
+
+class GoneWatch:
+    """Watches pids from a thread and records when each was first seen gone (monotonic)."""
+
+    def __init__(self) -> None:
+        self.gone: dict[int, float] = {}
+        self._pids: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def add(self, pid: int) -> None:
+        self._pids.add(pid)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.002):
+            for pid in list(self._pids - set(self.gone)):
+                if not _alive(pid):
+                    self.gone[pid] = time.monotonic()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
+def _fast_cluster(cluster_for):  # type: ignore[no-untyped-def]
+    cluster = cluster_for("redis")
+    cluster.env["LEADER_TTL"] = f"{TTL:g}"
+    cluster.env["LEADER_FAST_FAILOVER"] = "1"
+    return cluster
+
+
+def _long_run_in_the_leader(cluster):  # type: ignore[no-untyped-def]
+    """The leader worker, running a terminate run of 60 s in a pool child; the run's row."""
+    leader = cluster.leader_worker(timeout=20)
+    cluster.send("slow_terminate", 60, "long")
+    rows = cluster.wait_history(lambda r: any(x.get("tag") == "long" for x in _runs(r)), 15)
+    (started,) = [x for x in _runs(rows) if x.get("tag") == "long"]
+    assert started["worker"] == leader.nodename
+    return leader, started
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what", ["main process", "process group"])
+def test_a_killed_leader_is_replaced_before_its_lease_ends(what, cluster_for):
+    cluster = _fast_cluster(cluster_for)
+    cluster.start(2)
+    leader, long_run = _long_run_in_the_leader(cluster)
+    watch = GoneWatch()
+    watch.add(long_run["pid"])
+    try:
+        killed_at = time.monotonic()
+        if what == "main process":
+            os.kill(leader.proc.pid, signal.SIGKILL)
+        else:
+            leader.signal(signal.SIGKILL)
+        leader.proc.wait(10)
+        cluster.send("leader_record", 1)
+        rows = cluster.wait_history(lambda r: any(x.get("i") == 1 for x in _runs(r)), TTL + 10)
+    finally:
+        watch.close()
+    (first,) = [x for x in _runs(rows) if x.get("i") == 1]
+    took = first["at"] - killed_at
+    assert first["worker"] != leader.nodename
+    assert took < TTL / 2, f"first leader task {took:.2f} s after the kill (lease {TTL:g} s)"
+    gone_at = watch.gone.get(long_run["pid"])
+    assert gone_at is not None, "the dead leader's terminate run still runs"
+    assert gone_at < first["at"], "the next leader started while the dead one's run lived"
+    assert not [x for x in _runs(rows, "end") if x.get("tag") == "long"]
+    print(f"SIGKILL ({what}) -> first leader task on the next worker: {took:.3f} s")
+
+
+@pytest.mark.slow
+def test_a_stopped_leader_is_not_taken_for_dead(cluster_for):
+    cluster = _fast_cluster(cluster_for)
+    cluster.start(2)
+    leader = cluster.leader_worker(timeout=20)
+    store = open_store(cluster.env["LEADER_STORE"], timeout=2)
+    leader.signal(signal.SIGSTOP)
+    try:
+        stopped_at = time.monotonic()
+        while time.monotonic() - stopped_at < TTL / 2:
+            record = store.read(cluster.name)
+            assert record is not None
+            assert record.nodename == leader.nodename, "a stopped leader was taken over early"
+            time.sleep(0.1)
+    finally:
+        leader.signal(signal.SIGCONT)
+        store.close()
+
+
+@pytest.mark.slow
+def test_a_killed_lifeline_connection_ends_the_term_before_the_next_begins(cluster_for):
+    cluster = _fast_cluster(cluster_for)
+    cluster.start(2)
+    leader, long_run = _long_run_in_the_leader(cluster)
+    store = open_store(cluster.env["LEADER_STORE"], timeout=2)
+    try:
+        record = store.read(cluster.name)
+    finally:
+        store.close()
+    assert record is not None
+    assert record.lifeline, "the leader's term is not tied to a lifeline"
+    watch = GoneWatch()
+    watch.add(long_run["pid"])
+    admin = redis.Redis.from_url(cluster.env["LEADER_STORE"], decode_responses=True)
+    try:
+        (connection,) = [
+            c for c in admin.client_list() if c["name"] == client_name(record.lifeline)
+        ]
+        admin.client_kill_filter(_id=connection["id"])
+        ended = wait_for(lambda: "lifeline-ended" in leader.text(), timeout=10)
+        assert ended, "the leader did not hear that its lifeline ended"
+        cluster.send("leader_record", 1)
+        rows = cluster.wait_history(
+            lambda r: any(x["token"] != long_run["token"] for x in _runs(r)), TTL + 10
+        )
+    finally:
+        admin.close()
+        watch.close()
+    # The first run of a later term (a run of the same term may start before the end is heard).
+    later = [x for x in _runs(rows) if x["token"] != long_run["token"]]
+    assert later, "no later term ran the task"
+    assert later[0]["token"] > long_run["token"]
+    gone_at = watch.gone.get(long_run["pid"])
+    assert gone_at is not None, "the run of the term whose lifeline ended still runs"
+    assert gone_at < later[0]["at"], "the next term began while the last one's run lived"
+    assert not [x for x in _runs(rows, "end") if x.get("tag") == "long"]
+    assert leader.proc.poll() is None, "the worker itself must live on"
