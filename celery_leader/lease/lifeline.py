@@ -186,13 +186,14 @@ class HolderLifeline:
     # -- the thread -------------------------------------------------------------
 
     def start(self) -> None:
-        """Open and confirm in a daemon thread; returns at once."""
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(
-            target=self._run, name=f"celery-leader-lifeline[{self._label}]", daemon=True
-        )
-        self._thread.start()
+        """Open and confirm in a daemon thread; returns at once (a second call does nothing)."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(
+                target=self._run, name=f"celery-leader-lifeline[{self._label}]", daemon=True
+            )
+            self._thread.start()
 
     def stop(self) -> None:
         """Stop confirming and close the lifeline (the server drops it)."""

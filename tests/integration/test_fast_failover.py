@@ -24,6 +24,7 @@ import redis
 
 from celery_leader.stores import open_store
 from celery_leader.stores.redis_lifeline import client_name
+from tests.integration.test_beat import gaps, wait_sending
 from tests.lease.test_election import wait_for
 
 TTL = 10.0
@@ -169,3 +170,29 @@ def test_a_killed_lifeline_connection_ends_the_term_before_the_next_begins(clust
     assert gone_at < later[0]["at"], "the next term began while the last one's run lived"
     assert not [x for x in _runs(rows, "end") if x.get("tag") == "long"]
     assert leader.proc.poll() is None, "the worker itself must live on"
+
+
+@pytest.mark.slow
+def test_a_killed_beat_is_replaced_before_its_lease_ends(cluster_for):
+    """Two beats, an entry every second, a 10 s lease: SIGKILL the sending one; the other sends
+    within a few seconds, and no slot is sent twice."""
+    cluster = _fast_cluster(cluster_for)
+    cluster.env["LEADER_BEAT_EVERY"] = "1"
+    cluster.start(1)
+    beats = [cluster.start_beat() for _ in range(2)]
+    old = wait_sending(cluster, beats, timeout=TTL + 20)
+    time.sleep(3)
+    killed_at = time.monotonic()
+    old.signal(signal.SIGKILL)
+    new = wait_sending(cluster, beats, timeout=TTL + 5, exclude=old)
+    time.sleep(3)
+    sends = cluster.beat_sends()
+    after = [s for s in sends if s["at"] > killed_at]
+    before = [s for s in sends if s["at"] <= killed_at]
+    assert new is not old
+    assert after, "the standby sends after the kill"
+    took = after[0]["at"] - killed_at
+    assert took < TTL / 2, f"first send {took:.2f} s after the kill (lease {TTL:g} s)"
+    assert min(s["token"] for s in after) > max(s["token"] for s in before)
+    assert min(gaps(sends)) > 0.5, "no slot sent twice across the failover"
+    print(f"beat SIGKILL -> first send by the standby: {took:.3f} s")
