@@ -79,7 +79,9 @@ def _holder(record: LeaseRecord | None, renew_interval: float) -> dict[str, Any]
     ago its last acquire or renewal landed (null when the store cannot tell),
     and ``overdue`` says that is more than :data:`OVERDUE_AFTER_INTERVALS`
     renew intervals: a holder that stopped renewing (killed, paused, cut off
-    from the store) still holds the lease until it expires.
+    from the store) still holds the lease until it expires. ``lifeline`` is
+    true when the term is tied to its process's lifeline
+    (``leader_fast_failover``): its death is seen at once.
     """
     if record is None:
         return None
@@ -99,6 +101,7 @@ def _holder(record: LeaseRecord | None, renew_interval: float) -> dict[str, Any]
         "overdue": (
             None if renewed_ago is None else renewed_ago > OVERDUE_AFTER_INTERVALS * renew_interval
         ),
+        "lifeline": bool(record.lifeline),
     }
 
 
@@ -215,6 +218,11 @@ def _describe_holder(holder: dict[str, Any], renew_interval: float) -> list[str]
         ),
         _field("renewed:", _renewal(holder, renew_interval)),
         _field("expires in:", f"{holder['expires_in']:.2f} s ({expiry})"),
+        *(
+            [_field("if it dies:", "replaced within about 0.3 s (its term is tied to a lifeline)")]
+            if holder.get("lifeline")
+            else []
+        ),
     ]
 
 

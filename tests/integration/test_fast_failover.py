@@ -118,6 +118,12 @@ def test_a_stopped_leader_is_not_taken_for_dead(cluster_for):
     cluster = _fast_cluster(cluster_for)
     cluster.start(2)
     leader = cluster.leader_worker(timeout=20)
+    code, status = cluster.leader_status()
+    assert code == 0
+    assert status is not None
+    assert status["leader"]["lifeline"] is True
+    human = cluster.celery("leader", "status").stdout
+    assert "if it dies: replaced within about 0.3 s" in human, human
     store = open_store(cluster.env["LEADER_STORE"], timeout=2)
     leader.signal(signal.SIGSTOP)
     try:
