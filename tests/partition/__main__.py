@@ -42,10 +42,10 @@ def _choice(value: str, known: dict[str, object], what: str) -> list[str]:
     return names
 
 
-def _run(store: str, broker: str, fault: str) -> Outcome:
+def _run(store: str, broker: str, fault: str, *, fast_failover: bool = False) -> Outcome:
     with (
         tempfile.TemporaryDirectory(prefix="celery-leader-partition-") as tmp,
-        partition_bed(Path(tmp), store, broker) as bed,
+        partition_bed(Path(tmp), store, broker, fast_failover=fast_failover) as bed,
     ):
         return run_scenario(bed, FAULTS[fault])
 
@@ -60,6 +60,9 @@ def main() -> None:
         "--markdown", action="store_true", help="the Markdown table (docs/verification.md) too"
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="each run's report")
+    parser.add_argument(
+        "--fast-failover", action="store_true", help="the workers with leader_fast_failover"
+    )
     args = parser.parse_args()
     stores = _choice(args.store, dict(STORES), "store")
     brokers = _choice(args.broker, dict(BROKERS), "broker")
@@ -71,7 +74,7 @@ def main() -> None:
                 if not applies(FAULTS[fault], store):
                     continue
                 for _ in range(max(args.repeat, 1)):
-                    outcome = _run(store, broker, fault)
+                    outcome = _run(store, broker, fault, fast_failover=args.fast_failover)
                     outcomes.append(outcome)
                     print(f"{store}/{broker} {fault}: {outcome.verdict()}", flush=True)
                     if args.markdown:  # as it comes: a long run cut short keeps its rows

@@ -23,6 +23,13 @@ def redis_bed(tmp_path: Path) -> Iterator[PartitionBed]:
 
 
 @pytest.fixture
+def redis_fast_bed(tmp_path: Path) -> Iterator[PartitionBed]:
+    """The Redis bed, its workers with leader_fast_failover (lifelines)."""
+    with partition_bed(tmp_path, store="redis", broker="redis", fast_failover=True) as bed:
+        yield bed
+
+
+@pytest.fixture
 def postgres_bed(tmp_path: Path) -> Iterator[PartitionBed]:
     """PostgreSQL store and Redis broker on hosts of their own, three workers on theirs."""
     with partition_bed(tmp_path, store="postgres", broker="redis") as bed:

@@ -815,8 +815,12 @@ class PartitionBed:
 
 
 @contextmanager
-def partition_bed(tmp: Path, store: str = "redis", broker: str = "redis") -> Iterator[PartitionBed]:
+def partition_bed(
+    tmp: Path, store: str = "redis", broker: str = "redis", *, fast_failover: bool = False
+) -> Iterator[PartitionBed]:
     """A bed (hosts store, broker, w1..w3) with the servers and three workers running.
+
+    With *fast_failover* the workers run with ``leader_fast_failover = True``.
 
     The run history is a Redis on the controller's address (never faulted).
     Everything is stopped and the bed removed at the end of the block, whatever failed.
@@ -843,6 +847,8 @@ def partition_bed(tmp: Path, store: str = "redis", broker: str = "redis") -> Ite
             history=history,
         )
         cluster.env["LEADER_TTL"] = f"{ttl_of(store):g}"
+        if fast_failover:
+            cluster.env["LEADER_FAST_FAILOVER"] = "1"
         if isinstance(store_server, AzuriteOnBed):
             cluster.env.update(store_server.env())
         stack.callback(cluster.close)

@@ -25,6 +25,15 @@ def test_leader_cut_from_the_store_stops_before_another_leads(redis_bed: Partiti
     _judge(redis_bed, "leader-store")
 
 
+def test_leader_cut_from_the_store_with_lifelines_stops_before_another_leads(
+    redis_fast_bed: PartitionBed,
+) -> None:
+    """With leader_fast_failover: the leader cut off keeps its lifeline on the server (a
+    partition is not a death: the server's keepalive is minutes) but cannot confirm it, so it
+    stops within the lifeline's grace; the next leader still waits for the lease."""
+    _judge(redis_fast_bed, "leader-store")
+
+
 def test_leader_cut_from_the_broker_hands_over_to_a_worker_that_reaches_it(
     redis_bed: PartitionBed,
 ) -> None:
