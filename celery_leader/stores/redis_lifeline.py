@@ -135,6 +135,11 @@ class LifelineReader:
                 self._generation += 1
             session = f"{id(self)}:{self._generation}"
             try:
+                if self._conn._sock is None:
+                    # Connect here, not in send_command: redis-py 8 connects a Sentinel
+                    # connection there to its default address (localhost:6379), not to the
+                    # primary the sentinels name.
+                    self._conn.connect()
                 self._conn.send_command("PUBSUB", "NUMSUB", *channels)
                 flat = self._conn.read_response(timeout=self._timeout)
             except (redis.RedisError, OSError) as exc:

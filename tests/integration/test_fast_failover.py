@@ -23,9 +23,11 @@ import pytest
 import redis
 
 from celery_leader.stores import open_store
+from celery_leader.stores.base import Holder
 from celery_leader.stores.redis_lifeline import client_name
 from tests.integration.test_beat import gaps, wait_sending
 from tests.lease.test_election import wait_for
+from tests.store_matrix import STORES
 
 TTL = 10.0
 
@@ -66,11 +68,38 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _fast_cluster(cluster_for):  # type: ignore[no-untyped-def]
+def _fast_cluster(cluster_for, store_url: str | None = None):  # type: ignore[no-untyped-def]
+    """A cluster (Redis broker) with leader_fast_failover, on *store_url* (default: its Redis).
+
+    The store is primed with a released term, so the first leader leads at once.
+    """
     cluster = cluster_for("redis")
     cluster.env["LEADER_TTL"] = f"{TTL:g}"
     cluster.env["LEADER_FAST_FAILOVER"] = "1"
+    if store_url is not None:
+        cluster.env["LEADER_STORE"] = store_url
+    store = open_store(cluster.env["LEADER_STORE"], timeout=2)
+    try:
+        primer = Holder.for_this_process("primer")
+        if store.acquire(cluster.name, primer, ttl=2.0).acquired:
+            store.release(cluster.name, primer.lease_id)
+    finally:
+        store.close()
     return cluster
+
+
+@pytest.fixture
+def lifeline_store(request, tmp_path):  # type: ignore[no-untyped-def]
+    """The URL of a fresh store of the kind the test is parametrized with (None: the cluster's)."""
+    kind = request.param
+    if kind == "redis":
+        yield None
+        return
+    with (
+        pytest.MonkeyPatch.context() as monkeypatch,
+        STORES[kind].run(tmp_path / "store", monkeypatch) as running,
+    ):
+        yield running.url
 
 
 def _long_run_in_the_leader(cluster):  # type: ignore[no-untyped-def]
@@ -84,9 +113,17 @@ def _long_run_in_the_leader(cluster):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("what", ["main process", "process group"])
-def test_a_killed_leader_is_replaced_before_its_lease_ends(what, cluster_for):
-    cluster = _fast_cluster(cluster_for)
+@pytest.mark.parametrize(
+    ("lifeline_store", "what"),
+    [
+        ("redis", "main process"),
+        ("redis", "process group"),
+        ("sentinel", "main process"),
+    ],
+    indirect=["lifeline_store"],
+)
+def test_a_killed_leader_is_replaced_before_its_lease_ends(what, lifeline_store, cluster_for):
+    cluster = _fast_cluster(cluster_for, lifeline_store)
     cluster.start(2)
     leader, long_run = _long_run_in_the_leader(cluster)
     watch = GoneWatch()
