@@ -26,13 +26,25 @@ class Series(NamedTuple):
     graceful: list[float]
 
 
-def series(beat_figures: dict[str, Any], workers_figures: dict[str, Any] | None) -> list[Series]:
-    """Every system and ttl from the two benchmarks' JSON, celery-leader's first."""
+def series(
+    beat_figures: dict[str, Any],
+    workers_figures: dict[str, Any] | None,
+    fast_figures: dict[str, Any] | None = None,
+) -> list[Series]:
+    """Every system and ttl from the benchmarks' JSON, celery-leader's first.
+
+    *fast_figures* (``benchmarks.fast_failover --json``) adds a crash row per store
+    and ttl with ``leader_fast_failover``.
+    """
     rows: list[Series] = []
     if workers_figures is not None:
         for ttl, figures in workers_figures["workers"].items():
             crash, graceful = from_json(figures["crash"]), from_json(figures["graceful"])
             rows.append(Series(f"celery-leader workers, ttl {ttl} s", crash, graceful))
+    for store, by_ttl in (fast_figures or {}).items():
+        for ttl, values in by_ttl.items():
+            label = f"celery-leader workers, fast failover, {store}, ttl {ttl} s"
+            rows.append(Series(label, list(values), []))
     beat = beat_figures["beat"].values()
     ordered = sorted(beat, key=lambda row: (row["label"] != "celery-leader", row["ttl"] is None))
     for row in ordered:

@@ -49,8 +49,17 @@ def _beat_row(beat: dict[str, Any], label: str, ttl: float) -> dict[str, Any] | 
     return None
 
 
-def headline(beat_figures: dict[str, Any], workers_figures: dict[str, Any] | None) -> str:
-    """The markdown table (and a line on how to read it) from the two benchmarks' JSON."""
+def headline(
+    beat_figures: dict[str, Any],
+    workers_figures: dict[str, Any] | None,
+    fast_figures: dict[str, Any] | None = None,
+) -> str:
+    """The markdown table (and a line on how to read it) from the benchmarks' JSON.
+
+    *fast_figures* (``benchmarks.fast_failover --json``: store, ttl, seconds per round)
+    adds a row per store with ``leader_fast_failover``; its graceful columns are the
+    workers' row's (a release does not change with it), shown as "as above".
+    """
     beat: dict[str, Any] = beat_figures["beat"]
     cap = float(beat_figures["cap"])
     ttls = sorted({row["ttl"] for row in beat.values() if row["ttl"] is not None})
@@ -65,6 +74,12 @@ def headline(beat_figures: dict[str, Any], workers_figures: dict[str, Any] | Non
         for ttl, kind in columns:
             values = workers_figures["workers"].get(f"{ttl:g}", {}).get(kind, [])
             cells += [_seconds(_median(from_json(values)), cap), ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    for store, by_ttl in (fast_figures or {}).items():
+        cells = [f"{OURS} workers, fast failover ({store})"]
+        for ttl, kind in columns:
+            values = by_ttl.get(f"{ttl:g}", []) if kind == "crash" else None
+            cells += ["as above" if values is None else _seconds(_median(values), cap), ""]
         lines.append("| " + " | ".join(cells) + " |")
     for label in labels:
         cells = [f"{label} beat" if label == OURS else label]

@@ -54,3 +54,22 @@ def test_workers_row_and_chart_series_come_from_the_workers_figures():
     labels = [s.label for s in series(beat_figures(), workers)]
     assert labels[0] == "celery-leader workers, ttl 3 s"
     assert labels[-1] == "RedBeat, defaults"
+
+
+def test_fast_failover_rows_come_from_its_figures_per_store():
+    workers = {"workers": {"3": {"crash": [2.1, 2.3], "graceful": [0.02]}}}
+    fast = {"redis": {"3": [0.3, 0.4, 0.35], "10": [0.33]}, "sqlite": {"3": [0.31]}}
+    table = headline(beat_figures(), workers, fast)
+    assert cells(table, "celery-leader workers, fast failover (redis)") == [
+        "0.35 s", "", "as above", "", "0.33 s", "", "as above", "",
+    ]  # fmt: skip
+    assert cells(table, "celery-leader workers, fast failover (sqlite)")[4] == "n/a"
+    rows = series(beat_figures(), workers, fast)
+    fast_rows = [s for s in rows if "fast failover" in s.label]
+    assert [s.label for s in fast_rows] == [
+        "celery-leader workers, fast failover, redis, ttl 3 s",
+        "celery-leader workers, fast failover, redis, ttl 10 s",
+        "celery-leader workers, fast failover, sqlite, ttl 3 s",
+    ]
+    assert fast_rows[0].crash == [0.3, 0.4, 0.35]
+    assert fast_rows[0].graceful == []
