@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import select
 import signal
 import sqlite3
 import subprocess
@@ -412,3 +413,55 @@ def test_a_term_taken_by_an_earlier_version_has_no_lifeline(tmp_path):
         assert not store.take_over("job", holder("b"), TTL, old_term).acquired
     finally:
         store.close()
+
+
+# -- end to end: lease managers with lifelines -------------------------------------------
+
+#: A lease manager with this process's lifeline on the store; prints "ready", then
+#: "leader <token>" once it leads.
+NODE = """
+import sys, time
+from celery_leader.lease import LeaseManager
+from celery_leader.lease.lifeline import for_store
+from celery_leader.lease.timing import LeaseTiming
+from celery_leader.stores import open_store
+from celery_leader.stores.base import Holder
+url, name = sys.argv[1], sys.argv[2]
+timing = LeaseTiming.create(5.0)
+store = open_store(url, timeout=timing.op_timeout)
+lifeline, monitor = for_store(store, url)
+assert lifeline.wait_opened(5)
+manager = LeaseManager(
+    store, "job", timing, holder=Holder.for_this_process(name),
+    lifeline=lifeline, lifelines=monitor,
+)
+manager.start()
+print("ready", flush=True)
+while not manager.is_leader():
+    time.sleep(0.002)
+print("leader", manager.current_token(), flush=True)
+time.sleep(60)
+"""
+
+
+def read_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    return proc.stdout.readline().strip() if ready else ""
+
+
+def test_a_follower_leads_within_a_second_of_its_leaders_sigkill(url):
+    """Lease managers with lifelines, ttl 5 s: the leader SIGKILLed, the follower leads in < 1 s."""
+    warm_store(url)
+    with process(NODE, url, "a") as (a, _), process(NODE, url, "b") as (b, _):
+        first = read_line(a, 5.0).split()
+        assert first[0] == "leader", "a did not lead"
+        time.sleep(0.5)  # b has seen a, and read its lifeline kept
+        assert read_line(b, 0.0) == "", "b led beside a"
+        killed_at = time.perf_counter()
+        a.send_signal(signal.SIGKILL)
+        line = read_line(b, 5.0).split()
+        took = time.perf_counter() - killed_at
+    print(f"the follower led {took:.3f} s after its leader's SIGKILL (ttl 5 s)")
+    assert line[:1] == ["leader"] and int(line[1]) > int(first[1])
+    assert took < 1.0
