@@ -174,19 +174,27 @@ class LockFileLifeline:
         """Remove the file, then close it (the kernel drops the lock). Idempotent.
 
         Only the process that opened the lifeline removes the file: a forked
-        child's close drops its own copy of the descriptor and nothing else.
+        child's close drops its own copy of the descriptor and nothing else
+        (never ``LOCK_UN``, which would unlock the parent's open file too).
         """
+        if os.getpid() != self._owner:
+            # A forked child has one thread: no lock needed, and the copy of the lock it
+            # inherited may be held by a parent's thread that does not exist here.
+            fd, self._fd = self._fd, -1
+            if fd >= 0:
+                with suppress(OSError):
+                    os.close(fd)
+            return
         with self._lock:
             fd, self._fd = self._fd, -1
         if fd < 0:
             return
         try:
-            if os.getpid() == self._owner:
-                with suppress(OSError):
-                    held = os.fstat(fd)
-                    # Removed first, so that readers see no file rather than an unlocked one.
-                    if _identity(self._path) == (held.st_dev, held.st_ino):
-                        os.unlink(self._path)
+            with suppress(OSError):
+                held = os.fstat(fd)
+                # Removed first, so that readers see no file rather than an unlocked one.
+                if _identity(self._path) == (held.st_dev, held.st_ino):
+                    os.unlink(self._path)
         finally:
             with suppress(OSError):
                 os.close(fd)
@@ -221,7 +229,8 @@ def open_lifeline(directory: Path) -> LockFileLifeline:
         os.close(fd)
         raise StoreError(f"cannot lock a lifeline file in {directory}: {exc.strerror}") from None
     lifeline = LockFileLifeline(key, path, fd, check_lock=_holds_exclusive_flock(fd) is True)
-    _sweep(directory, keep=key)
+    with suppress(OSError, StoreError):  # clean-up only: never lose the lifeline over it
+        _sweep(directory, keep=key)
     return lifeline
 
 
@@ -250,16 +259,16 @@ def is_kept(directory: Path, key: str) -> bool:
             return False
         raise StoreError(f"cannot read lifeline {path}: {exc.strerror}") from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return False
         try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return False  # no holder of ours made it
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             return True  # a process holds it exclusively
         except OSError as exc:
             raise StoreError(f"cannot read lifeline {path}: {exc.strerror}") from None
-        _remove_if_same(path, st)
+        _remove_if_same(path, st)  # nobody holds it: its process died without removing it
         return False
     finally:
         os.close(fd)  # also drops the shared lock taken above
