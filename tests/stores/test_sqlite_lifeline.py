@@ -24,7 +24,6 @@ import pytest
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder, LifelineEndedError, Lifelines
 from celery_leader.stores.sqlite import SQLiteLeaseStore
-from celery_leader.stores.sqlite_lifeline import lifelines_dir
 from tests.lease.test_election import warm_store
 
 TTL = 30.0
@@ -99,6 +98,12 @@ def url(tmp_path: Path) -> str:
 
 
 @pytest.fixture
+def lifelines(tmp_path: Path) -> Path:
+    """The lifelines directory of ``leader.db``: hidden, so ``rm leader.db*`` skips it."""
+    return tmp_path / ".leader.db.lifelines"
+
+
+@pytest.fixture
 def store(url: str) -> Iterator[SQLiteLeaseStore]:
     opened = open_store(url, timeout=2)
     assert isinstance(opened, SQLiteLeaseStore)
@@ -149,7 +154,9 @@ def holder(tag: str, lifeline: str = "") -> Holder:
 # -- the lifeline ----------------------------------------------------------------------------
 
 
-def test_a_lifeline_reads_kept_while_its_process_lives_and_gone_within_0_2_s_of_sigkill(store, url):
+def test_a_lifeline_reads_kept_while_its_process_lives_and_gone_within_0_2_s_of_sigkill(
+    store, url, lifelines
+):
     """SIGKILL of the holding process: a reader sees its lifeline gone within 0.2 s."""
     with process(HOLD, url) as (proc, (key,)):
         assert is_kept(store, key)
@@ -160,7 +167,7 @@ def test_a_lifeline_reads_kept_while_its_process_lives_and_gone_within_0_2_s_of_
         gone_after = seconds_until_gone(store, key, killed_at, limit=2.0)
     print(f"lifeline read gone {gone_after * 1000:.1f} ms after SIGKILL")
     assert gone_after < 0.2
-    assert not (lifelines_dir(store._path) / key).exists(), "the reader removed the dead file"
+    assert not (lifelines / key).exists(), "the reader removed the dead file"
 
 
 def test_a_stopped_process_keeps_its_lifeline(store, url):
@@ -175,10 +182,10 @@ def test_a_stopped_process_keeps_its_lifeline(store, url):
 
 
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
-def test_a_lock_file_deleted_or_replaced_ends_the_holders_lifeline(store, how):
+def test_a_lock_file_deleted_or_replaced_ends_the_holders_lifeline(store, how, lifelines):
     """The lock file removed or replaced: readers see it gone, the holder's confirm raises."""
     lifeline = store.open_lifeline()
-    path = lifelines_dir(store._path) / lifeline.key
+    path = lifelines / lifeline.key
     lifeline.confirm(1.0)
     assert is_kept(store, lifeline.key)
     if how == "deleted":
@@ -209,10 +216,10 @@ def test_a_lock_let_go_under_the_holder_ends_its_lifeline(store):
         lifeline.close()
 
 
-def test_close_ends_the_lifeline_and_confirm_then_raises(store):
+def test_close_ends_the_lifeline_and_confirm_then_raises(store, lifelines):
     """close(): the file is gone, readers see it gone, and confirm raises."""
     lifeline = store.open_lifeline()
-    path = lifelines_dir(store._path) / lifeline.key
+    path = lifelines / lifeline.key
     lifeline.close()
     lifeline.close()  # idempotent
     assert not path.exists()
@@ -222,23 +229,23 @@ def test_close_ends_the_lifeline_and_confirm_then_raises(store):
         lifeline.confirm(1.0)
 
 
-def test_readers_create_nothing_and_touch_nothing_but_keys(store, tmp_path):
+def test_readers_create_nothing_and_touch_nothing_but_keys(store, tmp_path, lifelines):
     """A reading creates no directory or file, and a key that is no key opens no path."""
     victim = tmp_path / "victim"
     victim.write_text("not a lifeline")
     keys = ["0" * 32, "../victim", "../../victim", "", "ABC"]
     assert store.read_lifelines(keys).alive == frozenset()
-    assert not lifelines_dir(store._path).exists(), "a reader made the directory"
+    assert not lifelines.exists(), "a reader made the directory"
     mine = store.open_lifeline()  # the directory now exists
     assert store.read_lifelines(keys).alive == frozenset()
-    assert [p.name for p in lifelines_dir(store._path).iterdir()] == [mine.key]
+    assert [p.name for p in lifelines.iterdir()] == [mine.key]
     assert victim.read_text() == "not a lifeline", "a reader removed a file outside"
     mine.close()
 
 
-def test_opening_a_lifeline_removes_dead_ones(store, url):
+def test_opening_a_lifeline_removes_dead_ones(store, url, lifelines):
     """Lock files left by killed processes are removed by the next lifeline opened."""
-    directory = lifelines_dir(store._path)
+    directory = lifelines
     with process(HOLD, url) as (proc, (dead,)):
         proc.kill()
         proc.wait(10)
