@@ -88,6 +88,15 @@ What it assumes, and what happens when that does not hold:
 Release notification: a watcher polls SQLite's ``PRAGMA data_version`` (a
 cheap read that changes when another connection commits) every 50 ms and
 calls back when the lease is free, so a handover takes tens of milliseconds.
+
+Lifelines (:attr:`~celery_leader.stores.base.Capability.LIFELINE`): each
+process holds a ``flock`` on a file of its own in ``.<name>.lifelines/``
+beside the database, which the kernel drops the moment the process dies
+(:mod:`celery_leader.stores.sqlite_lifeline`); each lease row records the
+key of its holder's lifeline. A follower that saw it end takes the term
+over (:meth:`SQLiteLeaseStore.take_over`) a fraction of a second later
+instead of a ttl later. A holder stopped whole (SIGSTOP) keeps its lock, so
+its lease expires as before.
 """
 
 from __future__ import annotations
@@ -97,7 +106,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, ClassVar
@@ -111,7 +120,16 @@ from celery_leader.stores.base import (
     Holder,
     LeaseRecord,
     LeaseStoreClass,
+    LifelineReading,
+    Lifelines,
     Watch,
+)
+from celery_leader.stores.sqlite_lifeline import (
+    LockFileLifeline,
+    is_kept,
+    lifelines_dir,
+    open_lifeline,
+    read_lifelines,
 )
 from celery_leader.stores.sqlite_url import sqlite_path
 from celery_leader.stores.watch import poll
@@ -163,9 +181,11 @@ _TOKEN_COLUMNS = {
 #: Columns of ``celery_leader_lease`` beyond the first version's: the lease's
 #: length (so the time of its last renewal is ``expires_at_us - ttl_us``; 0
 #: when a process of an earlier version took the lease, which then reads as
-#: "cannot tell").
+#: "cannot tell"), and the key of the lifeline the term is tied to (empty when
+#: none, or when a process of an earlier version took the lease: no takeover).
 _LEASE_COLUMNS = {
     "ttl_us": "INTEGER NOT NULL DEFAULT 0",
+    "lifeline": "TEXT NOT NULL DEFAULT ''",
 }
 #: Every table that earlier versions made with fewer columns, and the columns to add.
 _ADDED_COLUMNS = {
@@ -205,7 +225,12 @@ class SQLiteLeaseStore:
 
     schemes: ClassVar[tuple[str, ...]] = ("sqlite:///",)
     extra: ClassVar[str | None] = None
-    capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.RELEASE_NOTIFICATION})
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {
+            Capability.RELEASE_NOTIFICATION,
+            Capability.LIFELINE,  # a lock file per process, see sqlite_lifeline
+        }
+    )
     ttl_range: ClassVar[tuple[float | None, float | None]] = (None, None)
     default_renew_fraction: ClassVar[float] = 1 / 3
     option_keys: ClassVar[frozenset[str]] = frozenset()
@@ -223,6 +248,7 @@ class SQLiteLeaseStore:
         self._connection: sqlite3.Connection | None = None
         self._identity: _FileIdentity = (0, 0)
         self._quiet = quiet
+        self._lifelines = lifelines_dir(path)
 
     @classmethod
     def from_url(
@@ -357,7 +383,8 @@ class SQLiteLeaseStore:
     def _live_row(self, conn: sqlite3.Connection, name: str, now_us: int) -> tuple[Any, ...] | None:
         row = conn.execute(
             "SELECT lease_id, nodename, hostname, pid, token, acquired_at, boot_id,"
-            " expires_at_us, hold_until_us, ttl_us FROM celery_leader_lease WHERE name = ?",
+            " expires_at_us, hold_until_us, ttl_us, lifeline FROM celery_leader_lease"
+            " WHERE name = ?",
             (name,),
         ).fetchone()
         if row is None or row[6] != self._boot_id or row[7] <= now_us:
@@ -366,69 +393,137 @@ class SQLiteLeaseStore:
 
     def acquire(self, name: str, holder: Holder, ttl: float, min_token: int = 0) -> AcquireResult:
         """Take the lease when free, expired or ours, with a new token; see the safety statement."""
-        ttl_us = int(ttl * 1e6)
         with self._transaction("acquire") as conn:
-            now_us = host_clock_us()
-            row = self._live_row(conn, name, now_us)
-            own_hold_until = 0
-            if row is not None:
-                if row[0] != holder.lease_id:
-                    return AcquireResult(
-                        acquired=False,
-                        holder=_record(row, now_us),
-                        retry_in=(row[7] - now_us) / 1e6,
-                    )
-                own_hold_until = int(row[8])  # our own lease (a lost reply): its hold-off runs on
-            counter = conn.execute(
-                "SELECT last_token, lease_end_us, boot_id, file_id"
-                " FROM celery_leader_token WHERE name = ?",
-                (name,),
-            ).fetchone()
-            # A counter recorded before a reboot has no holder left to act on it.
-            same_boot = counter is not None and counter[2] == self._boot_id
-            forgot = rules.store_forgot(
-                # A new or deleted database.
-                counter_missing=counter is None,
-                # A replaced or restored file.
-                data_replaced=same_boot and bool(counter[3]) and counter[3] != self._file_id,
-                vanished_early=same_boot
-                and rules.lease_vanished_early(row is not None, int(counter[1]), now_us),
-            )
-            hold_until, hold_off_us = rules.hold_off(
-                now=now_us, ttl=ttl_us, own_hold_until=own_hold_until, forgot=forgot
-            )
-            # Tokens on the wall clock (shared by the host's processes, and kept across a
-            # reboot), hold-offs on the lease clock.
-            token = rules.next_token(
-                None if counter is None else int(counter[0]), time.time_ns() // 1000, min_token
-            )
-            conn.execute(
-                "INSERT INTO celery_leader_token (name, last_token, lease_end_us, boot_id,"
-                " file_id) VALUES (?, ?, ?, ?, ?)"
-                " ON CONFLICT(name) DO UPDATE SET last_token = excluded.last_token,"
-                " lease_end_us = excluded.lease_end_us, boot_id = excluded.boot_id,"
-                " file_id = excluded.file_id",
-                (name, token, now_us + ttl_us, self._boot_id, self._file_id),
-            )
-            conn.execute(
-                "INSERT OR REPLACE INTO celery_leader_lease (name, lease_id, nodename, hostname,"
-                " pid, token, acquired_at, boot_id, expires_at_us, hold_until_us, ttl_us)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    name,
-                    holder.lease_id,
-                    holder.nodename,
-                    holder.hostname,
-                    holder.pid,
-                    token,
-                    time.time(),
-                    self._boot_id,
-                    now_us + ttl_us,
-                    hold_until,
-                    ttl_us,
-                ),
-            )
+            return self._acquire(conn, name, holder, ttl, min_token=min_token, dead=None)
+
+    def take_over(
+        self, name: str, holder: Holder, ttl: float, dead: LeaseRecord, min_token: int = 0
+    ) -> AcquireResult:
+        """Acquire the lease of *name* from the term of *dead*, whose lifeline ended.
+
+        See :class:`~celery_leader.stores.base.Lifelines`. One transaction,
+        as an acquire: only while the lease is still held by the term with
+        *dead*'s token and (non-empty) lifeline key, and that lifeline's
+        file is not locked now, is the lease freed and acquired by *holder*.
+        Freeing it counts as a release: it causes no hold-off by itself,
+        but what is left of the dead term's own hold-off carries over (its
+        holder never acted; the holder before it, which the store forgot,
+        may still act until then). Any other state answers as
+        :meth:`acquire`.
+        """
+        with self._transaction("take over") as conn:
+            return self._acquire(conn, name, holder, ttl, min_token=min_token, dead=dead)
+
+    def _acquire(
+        self,
+        conn: sqlite3.Connection,
+        name: str,
+        holder: Holder,
+        ttl: float,
+        *,
+        min_token: int,
+        dead: LeaseRecord | None,
+    ) -> AcquireResult:
+        """The acquire (or, with *dead*, the takeover) inside the caller's transaction."""
+        ttl_us = int(ttl * 1e6)
+        now_us = host_clock_us()
+        row = self._live_row(conn, name, now_us)
+        own_hold_until = 0
+        freed = False
+        if row is not None and row[0] != holder.lease_id and self._is_dead(row, dead):
+            own_hold_until = int(row[8])  # the dead term's hold-off, if any, runs on
+            row, freed = None, True
+        if row is not None:
+            if row[0] != holder.lease_id:
+                return AcquireResult(
+                    acquired=False,
+                    holder=_record(row, now_us),
+                    retry_in=(row[7] - now_us) / 1e6,
+                )
+            own_hold_until = int(row[8])  # our own lease (a lost reply): its hold-off runs on
+        counter = conn.execute(
+            "SELECT last_token, lease_end_us, boot_id, file_id"
+            " FROM celery_leader_token WHERE name = ?",
+            (name,),
+        ).fetchone()
+        # A counter recorded before a reboot has no holder left to act on it.
+        same_boot = counter is not None and counter[2] == self._boot_id
+        forgot = rules.store_forgot(
+            # A new or deleted database.
+            counter_missing=counter is None,
+            # A replaced or restored file.
+            data_replaced=same_boot and bool(counter[3]) and counter[3] != self._file_id,
+            # (A term freed by a takeover is no lease gone behind the store's back.)
+            vanished_early=same_boot
+            and rules.lease_vanished_early(row is not None or freed, int(counter[1]), now_us),
+        )
+        hold_until, hold_off_us = rules.hold_off(
+            now=now_us, ttl=ttl_us, own_hold_until=own_hold_until, forgot=forgot
+        )
+        # Tokens on the wall clock (shared by the host's processes, and kept across a
+        # reboot), hold-offs on the lease clock.
+        token = rules.next_token(
+            None if counter is None else int(counter[0]), time.time_ns() // 1000, min_token
+        )
+        conn.execute(
+            "INSERT INTO celery_leader_token (name, last_token, lease_end_us, boot_id,"
+            " file_id) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT(name) DO UPDATE SET last_token = excluded.last_token,"
+            " lease_end_us = excluded.lease_end_us, boot_id = excluded.boot_id,"
+            " file_id = excluded.file_id",
+            (name, token, now_us + ttl_us, self._boot_id, self._file_id),
+        )
+        conn.execute(
+            "INSERT OR REPLACE INTO celery_leader_lease (name, lease_id, nodename, hostname,"
+            " pid, token, acquired_at, boot_id, expires_at_us, hold_until_us, ttl_us,"
+            " lifeline) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                name,
+                holder.lease_id,
+                holder.nodename,
+                holder.hostname,
+                holder.pid,
+                token,
+                time.time(),
+                self._boot_id,
+                now_us + ttl_us,
+                hold_until,
+                ttl_us,
+                holder.lifeline,
+            ),
+        )
         return AcquireResult(acquired=True, token=token, hold_off=hold_off_us / 1e6)
+
+    def _is_dead(self, row: tuple[Any, ...], dead: LeaseRecord | None) -> bool:
+        """Whether live *row* is the term of *dead*, tied to a lifeline no process holds now.
+
+        The follower saw the lifeline end before it waited its takeover out;
+        asking the kernel again here costs one system call and refuses a
+        takeover whose reading was wrong.
+        """
+        return (
+            dead is not None
+            and bool(dead.lifeline)
+            and int(row[4]) == dead.token
+            and str(row[10]) == dead.lifeline
+            and not is_kept(self._lifelines, dead.lifeline)
+        )
+
+    def open_lifeline(self) -> LockFileLifeline:
+        """A new lifeline of this process: a locked file beside the database (sqlite_lifeline)."""
+        return open_lifeline(self._lifelines)
+
+    def read_lifelines(self, keys: Collection[str]) -> LifelineReading:
+        """Which of *keys* a process of this host holds now; one session per directory and boot.
+
+        The kernel answers every reader of the host in one order, so the
+        session is the same for every reading of this database's lifelines
+        until the host reboots.
+        """
+        return LifelineReading(
+            session=f"{self._lifelines}@{self._boot_id}",
+            alive=read_lifelines(self._lifelines, keys),
+        )
 
     def renew(self, name: str, lease_id: str, ttl: float) -> bool:
         """Extend our unexpired lease (and its recorded end); False when it is gone or another's."""
@@ -595,8 +690,11 @@ def _record(row: tuple[Any, ...], now_us: int) -> LeaseRecord:
         expires_in=(row[7] - now_us) / 1e6,
         hold_off=max(0, row[8] - now_us) / 1e6,
         renewed_ago=max(0, ttl_us - (row[7] - now_us)) / 1e6 if ttl_us > 0 else None,
+        lifeline=str(row[10] or ""),
     )
 
 
-#: The class declares what the registry, the settings and the tests read (checked by mypy).
+#: The class declares what the registry, the settings and the tests read, and its
+#: instances offer lifelines, as it claims (both checked by mypy).
 _DECLARES: LeaseStoreClass = SQLiteLeaseStore
+_OFFERS: type[Lifelines] = SQLiteLeaseStore

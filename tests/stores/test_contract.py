@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import socket
 import threading
 import time
@@ -220,6 +221,7 @@ CAPABILITY_CHECKS = {
     Capability.FENCING_SURVIVES_DATA_LOSS: "test_claimed_fencing_survives_data_loss",
     Capability.SERVER_TIME: "test_claimed_server_time_ignores_the_clients_clocks",
     Capability.MULTI_HOST: "test_claimed_multi_host_excludes_a_client_on_another_host",
+    Capability.LIFELINE: "test_claimed_lifeline_ends_with_its_holder_and_allows_a_takeover",
 }
 
 
@@ -313,6 +315,38 @@ def test_claimed_multi_host_excludes_a_client_on_another_host(make_store, lease_
     with on_another_host(monkeypatch):
         assert there.acquire("job", holder("b"), ttl=lease_ttl).acquired
     assert not here.acquire("job", holder("a"), ttl=lease_ttl).acquired
+
+
+def test_claimed_lifeline_ends_with_its_holder_and_allows_a_takeover(make_store, lease_ttl):
+    """LIFELINE: a lifeline reads kept, then gone once closed; take_over takes only that term.
+
+    The takeover gets a greater token and no hold-off; the old holder cannot renew.
+    """
+    store, follower = make_store(), make_store()
+    if not claims(store, Capability.LIFELINE):
+        pytest.skip("the store does not claim lifelines")
+    assert store.acquire("job", holder("w"), ttl=lease_ttl).acquired  # a history: no hold-off
+    assert store.release("job", "id-w")
+    lifeline = store.open_lifeline()
+    first = store.acquire("job", dataclasses.replace(holder("a"), lifeline=lifeline.key), lease_ttl)
+    assert first.acquired and first.hold_off == 0
+    dead = follower.read("job")
+    assert dead is not None and dead.lifeline == lifeline.key
+    seen = follower.read_lifelines([lifeline.key])
+    assert seen.alive == {lifeline.key}
+    lifeline.confirm(2.0)
+    another_term = dataclasses.replace(dead, token=dead.token - 1)
+    assert not follower.take_over("job", holder("b"), lease_ttl, another_term).acquired
+    lifeline.close()
+    deadline = time.monotonic() + 2.0
+    while (
+        reading := follower.read_lifelines([lifeline.key])
+    ).alive and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert reading.alive == frozenset() and reading.session == seen.session
+    taken = follower.take_over("job", holder("b"), lease_ttl, dead)
+    assert taken.acquired and taken.token > first.token and taken.hold_off == 0
+    assert not store.renew("job", "id-a", lease_ttl)
 
 
 def test_presence_lists_live_members_and_forgets_silent_ones(make_store, lease_ttl):
