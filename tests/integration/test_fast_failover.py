@@ -95,6 +95,7 @@ def lifeline_store(request, tmp_path):  # type: ignore[no-untyped-def]
     if kind == "redis":
         yield None
         return
+    (tmp_path / "store").mkdir()
     with (
         pytest.MonkeyPatch.context() as monkeypatch,
         STORES[kind].run(tmp_path / "store", monkeypatch) as running,
@@ -119,6 +120,7 @@ def _long_run_in_the_leader(cluster):  # type: ignore[no-untyped-def]
         ("redis", "main process"),
         ("redis", "process group"),
         ("sentinel", "main process"),
+        ("sqlite", "main process"),
     ],
     indirect=["lifeline_store"],
 )
