@@ -146,8 +146,11 @@ def _round_trip(pgconn: Any, query: bytes, params: list[bytes], timeout: float) 
                     return result
                 result = result if result is not None else got  # one statement: one result
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not selector.select(remaining):
+            if remaining <= 0:
                 raise TimeoutError(f"no answer in {timeout:g} s")
+            # Ready or not, the input is read once more before giving up: a process stopped
+            # (SIGSTOP) past the deadline finds the answer that came meanwhile.
+            selector.select(remaining)
 
 
 def _failed(result: Any) -> str | None:
