@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import socket
 import threading
 import time
@@ -220,6 +221,7 @@ CAPABILITY_CHECKS = {
     Capability.FENCING_SURVIVES_DATA_LOSS: "test_claimed_fencing_survives_data_loss",
     Capability.SERVER_TIME: "test_claimed_server_time_ignores_the_clients_clocks",
     Capability.MULTI_HOST: "test_claimed_multi_host_excludes_a_client_on_another_host",
+    Capability.LIFELINE: "test_claimed_lifeline_ends_with_its_holder_and_allows_a_takeover",
 }
 
 
@@ -315,6 +317,38 @@ def test_claimed_multi_host_excludes_a_client_on_another_host(make_store, lease_
     assert not here.acquire("job", holder("a"), ttl=lease_ttl).acquired
 
 
+def test_claimed_lifeline_ends_with_its_holder_and_allows_a_takeover(make_store, lease_ttl):
+    """LIFELINE: a lifeline reads kept, then gone once closed; take_over takes only that term.
+
+    The takeover gets a greater token and no hold-off; the old holder cannot renew.
+    """
+    store, follower = make_store(), make_store()
+    if not claims(store, Capability.LIFELINE):
+        pytest.skip("the store does not claim lifelines")
+    assert store.acquire("job", holder("w"), ttl=lease_ttl).acquired  # a history: no hold-off
+    assert store.release("job", "id-w")
+    lifeline = store.open_lifeline()
+    first = store.acquire("job", dataclasses.replace(holder("a"), lifeline=lifeline.key), lease_ttl)
+    assert first.acquired and first.hold_off == 0
+    dead = follower.read("job")
+    assert dead is not None and dead.lifeline == lifeline.key
+    seen = follower.read_lifelines([lifeline.key])
+    assert seen.alive == {lifeline.key}
+    lifeline.confirm(2.0)
+    another_term = dataclasses.replace(dead, token=dead.token - 1)
+    assert not follower.take_over("job", holder("b"), lease_ttl, another_term).acquired
+    lifeline.close()
+    deadline = time.monotonic() + 2.0
+    while (
+        reading := follower.read_lifelines([lifeline.key])
+    ).alive and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert reading.alive == frozenset() and reading.session == seen.session
+    taken = follower.take_over("job", holder("b"), lease_ttl, dead)
+    assert taken.acquired and taken.token > first.token and taken.hold_off == 0
+    assert not store.renew("job", "id-a", lease_ttl)
+
+
 def test_presence_lists_live_members_and_forgets_silent_ones(make_store, lease_ttl):
     """A store that keeps members (Presence): one call announces and lists; silence expires."""
     from celery_leader.stores.base import Presence
@@ -363,3 +397,50 @@ def test_call_many_answers_each_lease_as_its_own_call_would(make_store, lease_tt
     record = store.read(f"{base}-d")
     assert record is not None and record.nodename == mine.nodename
     assert record.token == granted.token
+
+
+#: A process that opens a lifeline on the store at argv[1], says its key, and confirms it.
+LIFELINE_HOLDER = """
+import sys, time
+from celery_leader.stores import open_store
+store = open_store(sys.argv[1], timeout=2.0)
+lifeline = store.open_lifeline()
+print(lifeline.key, flush=True)
+while True:
+    lifeline.confirm(timeout=1.0)
+    time.sleep(0.05)
+"""
+
+
+def test_claimed_lifeline_ends_when_its_process_is_killed(make_store, any_store_url):
+    """LIFELINE: another process's lifeline reads kept, and gone soon after its SIGKILL.
+
+    Nobody closes it: the kernel does, as the process dies. Both readings come
+    from one session, so a follower may take "gone" for "ended".
+    """
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    store = make_store()
+    if not claims(store, Capability.LIFELINE):
+        pytest.skip("the store does not claim lifelines")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LIFELINE_HOLDER, any_store_url], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        key = proc.stdout.readline().strip()
+        assert key, "the holder process opened no lifeline"
+        kept = store.read_lifelines([key])
+        assert kept.alive == {key}
+        os.kill(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 2.0
+        while (reading := store.read_lifelines([key])).alive and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not reading.alive, "a killed process's lifeline is still kept after 2 s"
+        assert reading.session == kept.session
+    finally:
+        proc.kill()
+        proc.wait()
