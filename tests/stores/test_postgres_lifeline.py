@@ -404,3 +404,29 @@ def test_a_killed_leader_is_taken_over_long_before_its_lease_ends(store, server)
         follower.stop()
         lifeline.close_all()
         follower_store.close()
+
+
+def test_a_process_of_the_previous_version_acquires_on_through_the_upgrade(server):
+    """A rolling upgrade: a process of version 2 calls the seven-argument acquire, which
+    psycopg prepares after five calls; once a new process updated the schema, its prepared
+    statement still answers (same columns), and the term it takes is tied to no lifeline."""
+    acquire_2 = (
+        "SELECT * FROM celery_leader_acquire(%s::text, %s::text, %s::text, %s::text,"
+        " %s::integer, %s::bigint, %s::bigint)"
+    )
+    args = (NAME, "id-old", "node-old", "host", 1, int(TTL * 1e6), 0)
+    with psycopg.connect(server.url, autocommit=True) as old:
+        old.execute(SCHEMA_2)
+        for _ in range(6):
+            assert old.execute(acquire_2, args).fetchone()[0], "version 2 acquires"
+        columns = len(old.execute(acquire_2, args).fetchone())
+        new = open_store(server.url, timeout=2)  # brings the schema to version 3
+        try:
+            refused = new.acquire(NAME, Holder("id-new", "node-new", "host", 2, "a" * 32), TTL)
+            assert not refused.acquired
+            row = old.execute(acquire_2, args).fetchone()
+            assert row[0] and len(row) == columns
+            record = new.read(NAME)
+            assert record is not None and record.nodename == "node-old" and record.lifeline == ""
+        finally:
+            new.close()

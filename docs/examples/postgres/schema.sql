@@ -119,8 +119,9 @@ BEGIN
         WHERE name = p_name;
     o_acquired := true;
 END $$;
--- The acquire as earlier versions call it (a rolling upgrade): with no lifeline. It carries
--- the schema's version, where those versions look for it.
+-- The acquire as earlier versions call it (a rolling upgrade): no lifeline, and their
+-- columns (a statement they prepared keeps its result type). It carries the schema's
+-- version, where those versions look for it.
 CREATE FUNCTION celery_leader_acquire(
     p_name text, p_lease_id text, p_nodename text, p_hostname text, p_pid integer,
     p_ttl_us bigint, p_min_token bigint,
@@ -128,9 +129,12 @@ CREATE FUNCTION celery_leader_acquire(
     OUT o_lease_id text, OUT o_nodename text, OUT o_hostname text, OUT o_pid integer,
     OUT o_held_token bigint, OUT o_acquired_at double precision, OUT o_expires_at_us bigint,
     OUT o_hold_until_us bigint, OUT o_ttl_us bigint, OUT o_now_us bigint,
-    OUT o_restarted_us bigint, OUT o_lifeline text)
+    OUT o_restarted_us bigint)
 LANGUAGE sql VOLATILE AS $$
-    SELECT * FROM celery_leader_acquire(p_name, p_lease_id, p_nodename, p_hostname, p_pid,
-        p_ttl_us, p_min_token, ''::text, 0::bigint, ''::text) $$;
+    SELECT o_acquired, o_token, o_hold_off_us, o_lease_id, o_nodename, o_hostname, o_pid,
+        o_held_token, o_acquired_at, o_expires_at_us, o_hold_until_us, o_ttl_us, o_now_us,
+        o_restarted_us
+    FROM celery_leader_acquire(p_name, p_lease_id, p_nodename, p_hostname, p_pid, p_ttl_us,
+        p_min_token, ''::text, 0::bigint, ''::text) $$;
 COMMENT ON FUNCTION celery_leader_acquire(text, text, text, text, integer, bigint, bigint)
     IS 'celery-leader schema 3';
