@@ -36,6 +36,7 @@ SERIAL = (
     "tests/integration/test_workers.py::test_step_down_hands_over_without_loss",
     "tests/stores/test_azure_blob.py::test_one_leader_and_immediate_handover_on_release",
     "tests/stores/test_redis_faults.py::test_acquire_with_lost_reply_is_adopted",
+    "tests/stores/test_postgres_lifeline.py::test_sigkill_ends_the_lifeline_within_a_second",
     "tests/lease/test_lease_deadlines.py::test_bounded_caller_returns_on_time_while_the_call_hangs",
     "tests/term_end/test_term_end.py::test_watchdog_process_ends_runs_and_exits_with_its_worker",
     # Kills within half a second of a deadline or a revocation, by a sleeping watchdog.

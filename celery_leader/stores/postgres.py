@@ -67,6 +67,19 @@ store's timeout, ``leader_store_timeout``, which is below the ttl):
   server, a partition TCP has not noticed yet) is ended by shutting its
   socket down at the deadline.
 
+Lifelines (:attr:`~celery_leader.stores.base.Capability.LIFELINE`): each
+process holds a session advisory lock on a connection of its own, which the
+server drops when the process dies, and each acquire records the key of the
+holder's lifeline with the term (the ``lifeline`` column, schema 3). A
+follower that saw the lock go takes the dead term over at once
+(``celery_leader_acquire()`` told that term: a compare-and-set on its token
+and key, in the same single statement).
+:mod:`celery_leader.stores.postgres_lifeline` says how, which lock ids,
+and what a connection pooler does to it: PgBouncer in transaction mode breaks
+session locks (a lifeline refuses to open when it notices, else the fast
+failover is lost, never the lease's safety). A schema this role may not bring
+up to date works without them (leases then end at their expiry).
+
 Clocks and failover: expiry runs on the server's wall clock, so a step
 forward of the server's clock ends every lease early, while its holder
 still trusts it (as on Redis: slew the server's clock, never step it).
@@ -87,7 +100,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, unquote
@@ -100,9 +113,12 @@ from celery_leader.stores.base import (
     Holder,
     LeaseRecord,
     LeaseStoreClass,
+    Lifeline,
+    LifelineReading,
     MissingExtraError,
     Watch,
 )
+from celery_leader.stores.postgres_lifeline import LifelineReader, PostgresLifeline
 from celery_leader.stores.watch import Fanout, shared_fanout
 
 logger = logging.getLogger(__name__)
@@ -128,6 +144,8 @@ CREATE TABLE IF NOT EXISTS celery_leader_lease (
     lease_end_us bigint NOT NULL DEFAULT 0,
     incarnation text
 );
+-- Since schema 3: the key of the lifeline the holder tied its term to ('' for none).
+ALTER TABLE celery_leader_lease ADD COLUMN IF NOT EXISTS lifeline text NOT NULL DEFAULT '';
 CREATE TABLE IF NOT EXISTS celery_leader_state (
     name text NOT NULL,
     key text NOT NULL,
@@ -148,22 +166,28 @@ CREATE TABLE IF NOT EXISTS celery_leader_member (
     expires_at_us bigint NOT NULL,
     PRIMARY KEY (grp, member)
 );
--- The acquire, in one statement (celery_leader/stores/rules.py, in SQL). Dropped first:
--- an earlier version's has fewer OUT columns, which CREATE OR REPLACE cannot change.
+-- The acquire, in one statement (celery_leader/stores/rules.py, in SQL), and the takeover
+-- of a dead term (Lifelines.take_over: p_dead_token and p_dead_lifeline name the term, ''
+-- for none). Dropped first: an earlier version's has fewer OUT columns, which CREATE OR
+-- REPLACE cannot change.
 DROP FUNCTION IF EXISTS celery_leader_acquire(text, text, text, text, integer, bigint, bigint);
+DROP FUNCTION IF EXISTS celery_leader_acquire(
+    text, text, text, text, integer, bigint, bigint, text, bigint, text);
 CREATE FUNCTION celery_leader_acquire(
     p_name text, p_lease_id text, p_nodename text, p_hostname text, p_pid integer,
-    p_ttl_us bigint, p_min_token bigint,
+    p_ttl_us bigint, p_min_token bigint, p_lifeline text, p_dead_token bigint,
+    p_dead_lifeline text,
     OUT o_acquired boolean, OUT o_token bigint, OUT o_hold_off_us bigint,
     OUT o_lease_id text, OUT o_nodename text, OUT o_hostname text, OUT o_pid integer,
     OUT o_held_token bigint, OUT o_acquired_at double precision, OUT o_expires_at_us bigint,
     OUT o_hold_until_us bigint, OUT o_ttl_us bigint, OUT o_now_us bigint,
-    OUT o_restarted_us bigint)
+    OUT o_restarted_us bigint, OUT o_lifeline text)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     r record;
     seen text;
     live boolean;
+    taken_over boolean := false;
     own_hold_until bigint := 0;
     forgot boolean;
     hold_until bigint;
@@ -174,12 +198,20 @@ BEGIN
     o_now_us := celery_leader_now_us();
     seen := celery_leader_incarnation();
     live := r.lease_id IS NOT NULL AND r.expires_at_us > o_now_us;
+    IF live AND p_dead_lifeline <> '' AND r.lease_id <> p_lease_id
+            AND r.token = p_dead_token AND r.lifeline = p_dead_lifeline THEN
+        -- The dead term a takeover names, still held: freed as a release frees it (its
+        -- early end is no loss of data), and what is left of its hold-off carries over.
+        live := false;
+        taken_over := true;
+        own_hold_until := r.hold_until_us;
+    END IF;
     IF live AND r.lease_id <> p_lease_id THEN
         o_acquired := false;
         o_lease_id := r.lease_id; o_nodename := r.nodename; o_hostname := r.hostname;
         o_pid := r.pid; o_held_token := r.token; o_acquired_at := r.acquired_at;
         o_expires_at_us := r.expires_at_us; o_hold_until_us := r.hold_until_us;
-        o_ttl_us := r.ttl_us;
+        o_ttl_us := r.ttl_us; o_lifeline := r.lifeline;
         RETURN;
     END IF;
     IF live THEN
@@ -190,7 +222,7 @@ BEGIN
     -- lease gone before its recorded end (rules.lease_vanished_early).
     forgot := r.incarnation IS NULL
         OR substring(r.incarnation FROM '^[^:]*:[^:]*') <> substring(seen FROM '^[^:]*:[^:]*')
-        OR (NOT live AND r.lease_end_us > o_now_us);
+        OR (NOT live AND NOT taken_over AND r.lease_end_us > o_now_us);
     -- Only the start time differs: the server restarted (rules.hold_off's restarted_at).
     IF NOT forgot AND r.incarnation <> seen THEN
         o_restarted_us := (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint;
@@ -214,30 +246,61 @@ BEGIN
     UPDATE celery_leader_lease SET lease_id = p_lease_id, nodename = p_nodename,
         hostname = p_hostname, pid = p_pid, token = o_token, acquired_at = o_now_us / 1e6,
         expires_at_us = o_now_us + p_ttl_us, hold_until_us = hold_until, ttl_us = p_ttl_us,
-        lease_end_us = o_now_us + p_ttl_us, incarnation = seen
+        lease_end_us = o_now_us + p_ttl_us, incarnation = seen, lifeline = p_lifeline
         WHERE name = p_name;
     o_acquired := true;
 END $$;
+-- The acquire as earlier versions call it (a rolling upgrade): no lifeline, and their
+-- columns (a statement they prepared keeps its result type). It carries the schema's
+-- version, where those versions look for it.
+CREATE FUNCTION celery_leader_acquire(
+    p_name text, p_lease_id text, p_nodename text, p_hostname text, p_pid integer,
+    p_ttl_us bigint, p_min_token bigint,
+    OUT o_acquired boolean, OUT o_token bigint, OUT o_hold_off_us bigint,
+    OUT o_lease_id text, OUT o_nodename text, OUT o_hostname text, OUT o_pid integer,
+    OUT o_held_token bigint, OUT o_acquired_at double precision, OUT o_expires_at_us bigint,
+    OUT o_hold_until_us bigint, OUT o_ttl_us bigint, OUT o_now_us bigint,
+    OUT o_restarted_us bigint)
+LANGUAGE sql VOLATILE AS $$
+    SELECT o_acquired, o_token, o_hold_off_us, o_lease_id, o_nodename, o_hostname, o_pid,
+        o_held_token, o_acquired_at, o_expires_at_us, o_hold_until_us, o_ttl_us, o_now_us,
+        o_restarted_us
+    FROM celery_leader_acquire(p_name, p_lease_id, p_nodename, p_hostname, p_pid, p_ttl_us,
+        p_min_token, ''::text, 0::bigint, ''::text) $$;
 COMMENT ON FUNCTION celery_leader_acquire(text, text, text, text, integer, bigint, bigint)
-    IS 'celery-leader schema 2';
+    IS 'celery-leader schema 3';
 """
 
-#: Two booleans: every object of DDL is there; and it is of this version (2, as DDL's
-#: comment on the acquire function says) or a later one. An earlier version's schema (no
-#: comment) is brought up to date by running DDL again.
+#: Three booleans: every object of schema 2 is there (what earlier versions need); the
+#: schema is of this version (3, as the comment on the seven-argument acquire says) or a
+#: later one; and the objects of lifelines (schema 3) are there. An earlier version's
+#: schema is brought up to date by running DDL again.
 _SCHEMA_STATE = (
-    "SELECT complete, complete AND coalesce(substring(obj_description(to_regprocedure("
-    "'celery_leader_acquire(text, text, text, text, integer, bigint, bigint)'), 'pg_proc')"
-    " FROM 'celery-leader schema ([0-9]+)')::int, 1) >= 2"
-    " FROM (SELECT to_regclass('celery_leader_token_seq') IS NOT NULL"
+    "SELECT complete, complete AND lifelines AND version >= 3, lifelines FROM (SELECT"
+    " to_regclass('celery_leader_token_seq') IS NOT NULL"
     " AND to_regclass('celery_leader_lease') IS NOT NULL"
     " AND to_regclass('celery_leader_state') IS NOT NULL"
     " AND to_regclass('celery_leader_member') IS NOT NULL"
     " AND to_regprocedure('celery_leader_now_us()') IS NOT NULL"
     " AND to_regprocedure('celery_leader_incarnation()') IS NOT NULL"
     " AND to_regprocedure('celery_leader_acquire(text, text, text, text, integer, bigint,"
-    " bigint)') IS NOT NULL AS complete) AS schema"
+    " bigint)') IS NOT NULL AS complete,"
+    " to_regprocedure('celery_leader_acquire(text, text, text, text, integer, bigint, bigint,"
+    " text, bigint, text)') IS NOT NULL AND EXISTS (SELECT 1 FROM pg_attribute"
+    " WHERE attrelid = to_regclass('celery_leader_lease') AND attname = 'lifeline'"
+    " AND NOT attisdropped) AS lifelines,"
+    " coalesce(substring(obj_description(to_regprocedure('celery_leader_acquire(text, text,"
+    " text, text, integer, bigint, bigint)'), 'pg_proc')"
+    " FROM 'celery-leader schema ([0-9]+)')::int, 1) AS version) AS schema"
 )
+#: The lease row, in the order _record reads it, then the server's clock and the lifeline.
+_READ_LEASE = (
+    "SELECT lease_id, nodename, hostname, pid, token, acquired_at, expires_at_us,"
+    " hold_until_us, ttl_us, lease_end_us, incarnation, celery_leader_now_us(), lifeline"
+    " FROM celery_leader_lease WHERE name = %s"
+)
+#: The same in an earlier version's schema (no lifeline column).
+_READ_LEASE_SCHEMA_2 = _READ_LEASE.replace(", lifeline FROM", ", '' FROM")
 _SCHEMA_LOCK = 0x63656C6C  # the advisory lock the schema is created under ("cell")
 
 #: Said when part of the schema is missing and the store's role may not create it (a
@@ -254,7 +317,9 @@ ERR_SCHEMA_INCOMPLETE = (
 WARN_SCHEMA_OUTDATED = (
     "celery-leader: the PostgreSQL schema of %s is from an earlier version and this role may "
     "not update it: run celery_leader.stores.postgres.DDL as the owner of the tables (it keeps "
-    "what is there). Until then a restart of the server holds the next leader off one whole ttl"
+    "what is there). Until then it works as that version did: a leader whose process died is "
+    "replaced only when its lease expires, and with a schema older than version 2 a restart "
+    "of the server holds the next leader off one whole ttl"
 )
 _outdated_warned: set[str] = set()
 
@@ -280,6 +345,7 @@ class PostgresLeaseStore:
             Capability.SERVER_TIME,
             Capability.FENCING_SURVIVES_DATA_LOSS,
             Capability.MULTI_HOST,
+            Capability.LIFELINE,
         }
     )
     schemes: ClassVar[tuple[str, ...]] = ("postgresql://", "postgres://")
@@ -305,6 +371,9 @@ class PostgresLeaseStore:
         self.url = mask_url(url)
         self._timeout = timeout
         self._shared = _Connection.of(url, timeout)
+        self._lifeline_reader = LifelineReader(
+            lambda: _connect(url, timeout, "celery-leader-lifelines"), timeout, self._message
+        )
         self._closed = False
 
     # -- the connection ---------------------------------------------------------
@@ -384,23 +453,56 @@ class PostgresLeaseStore:
         :mod:`celery_leader.stores.rules` on the server, holding the row's lock
         only while it runs: a caller that stops or is cut off after sending it
         holds nothing (``tests/stores/test_rules_oracle.py`` holds the function
-        to the rules).
+        to the rules). The holder's lifeline key is recorded with the term.
         """
+        return self._acquire("acquire", name, holder, ttl, min_token, None)
 
+    def take_over(
+        self, name: str, holder: Holder, ttl: float, dead: LeaseRecord, min_token: int = 0
+    ) -> AcquireResult:
+        """See :class:`~celery_leader.stores.base.Lifelines`: one statement, a CAS on the term.
+
+        The same function as :meth:`acquire`, told the dead term (its token
+        and lifeline key): only while the row still holds that term is it
+        freed, as a release frees it (no hold-off for its early end; what is
+        left of its own hold-off carries over), and taken in the same
+        statement. Any other row answers as an acquire. A schema this role
+        may not bring up to date (no lifelines) answers as an acquire.
+        """
+        return self._acquire("take over", name, holder, ttl, min_token, dead)
+
+    def _acquire(  # noqa: PLR0917 - acquire's arguments, and the term a takeover names
+        self,
+        what: str,
+        name: str,
+        holder: Holder,
+        ttl: float,
+        min_token: int,
+        dead: LeaseRecord | None,
+    ) -> AcquireResult:
         def body(conn: Any) -> AcquireResult:
-            row = conn.execute(
-                "SELECT * FROM celery_leader_acquire(%s::text, %s::text, %s::text, %s::text,"
-                " %s::integer, %s::bigint, %s::bigint)",
-                (
-                    name,
-                    holder.lease_id,
-                    holder.nodename,
-                    holder.hostname,
-                    holder.pid,
-                    int(ttl * 1e6),
-                    int(min_token),
-                ),
-            ).fetchone()
+            args: tuple[Any, ...] = (
+                name,
+                holder.lease_id,
+                holder.nodename,
+                holder.hostname,
+                holder.pid,
+                int(ttl * 1e6),
+                int(min_token),
+            )
+            if self._shared.lifelines:
+                dead_term = (0, "") if dead is None else (int(dead.token), dead.lifeline)
+                sql = (
+                    "SELECT * FROM celery_leader_acquire(%s::text, %s::text, %s::text, %s::text,"
+                    " %s::integer, %s::bigint, %s::bigint, %s::text, %s::bigint, %s::text)"
+                )
+                args = (*args, holder.lifeline, *dead_term)
+            else:  # an earlier version's schema, as that version called it
+                sql = (
+                    "SELECT * FROM celery_leader_acquire(%s::text, %s::text, %s::text, %s::text,"
+                    " %s::integer, %s::bigint, %s::bigint)"
+                )
+            row = conn.execute(sql, args).fetchone()
             acquired, token, hold_off_us, now_us = row[0], row[1], row[2], int(row[12])
             # An earlier version's function (a schema this role may not update) has no
             # start-time column: its restarts count as another incarnation.
@@ -408,9 +510,10 @@ class PostgresLeaseStore:
             if not acquired:
                 # The holder's columns, in the order _record reads them.
                 held = (row[3], row[4], row[5], row[6], row[7], row[8], row[9], row[10], row[11])
+                lifeline = row[_LIFELINE_COLUMN] if len(row) > _LIFELINE_COLUMN else None
                 return AcquireResult(
                     acquired=False,
-                    holder=_record(held, now_us),
+                    holder=_record(held, now_us, lifeline),
                     retry_in=(int(row[9]) - now_us) / 1e6,
                 )
             return AcquireResult(
@@ -420,7 +523,7 @@ class PostgresLeaseStore:
                 restarted_ago=None if restarted_us is None else (now_us - int(restarted_us)) / 1e6,
             )
 
-        result: AcquireResult = self._call("acquire", body)
+        result: AcquireResult = self._call(what, body)
         return result
 
     def renew(self, name: str, lease_id: str, ttl: float) -> bool:
@@ -460,15 +563,11 @@ class PostgresLeaseStore:
         """The live lease of *name*, or None."""
 
         def body(conn: Any) -> Any:
-            row = conn.execute(
-                "SELECT lease_id, nodename, hostname, pid, token, acquired_at, expires_at_us,"
-                " hold_until_us, ttl_us, lease_end_us, incarnation, celery_leader_now_us()"
-                " FROM celery_leader_lease WHERE name = %s",
-                (name,),
-            ).fetchone()
+            sql = _READ_LEASE if self._shared.lifelines else _READ_LEASE_SCHEMA_2
+            row = conn.execute(sql, (name,)).fetchone()
             if row is None or row[0] is None or row[6] <= row[11] or row[1] is None:
                 return None
-            return _record(row, row[11])
+            return _record(row, row[11], row[12])
 
         record: LeaseRecord | None = self._call("read", body)
         return record
@@ -558,6 +657,28 @@ class PostgresLeaseStore:
 
         self._call("presence", body)
 
+    # -- lifelines (celery_leader.stores.postgres_lifeline) ----------------------
+
+    def open_lifeline(self) -> Lifeline:
+        """A connection of this process holding a session advisory lock of a new key.
+
+        See :mod:`celery_leader.stores.postgres_lifeline`; raises StoreError
+        when it cannot (among others behind a pooler in transaction mode).
+        """
+        if self._closed:
+            raise StoreError(f"lease store {self.url}: open lifeline after close()")
+        return PostgresLifeline.open(
+            lambda: _connect(self._dsn, self._timeout, "celery-leader-lifeline"),
+            self._timeout,
+            self._message,
+        )
+
+    def read_lifelines(self, keys: Collection[str]) -> LifelineReading:
+        """Which of *keys* have their lock held now: one statement on the readings' connection."""
+        if self._closed:
+            raise StoreError(f"lease store {self.url}: read lifelines after close()")
+        return self._lifeline_reader.read(keys)
+
     # -- release notifications --------------------------------------------------
 
     def watch(self, name: str, callback: Callable[[], None]) -> Watch:
@@ -569,9 +690,14 @@ class PostgresLeaseStore:
         return fanout.add(name, callback)
 
     def close(self) -> None:
-        """Let go of the process's connection (closed with the last store that used it)."""
+        """Let go of the process's connection (closed with the last store that used it).
+
+        The readings' connection closes too; a lifeline opened on the store
+        stays open until it is closed itself.
+        """
         if not self._closed:
             self._closed = True
+            self._lifeline_reader.close()
             self._shared.release()
 
 
@@ -683,6 +809,9 @@ class _Connection:
         self.users = 0
         self._conn: Any = None
         self._pid = os.getpid()
+        #: The schema has the objects of lifelines (schema 3): acquires record the holder's
+        #: lifeline, reads return it, takeovers can free a dead term. Known once connected.
+        self.lifelines = False
 
     @classmethod
     def of(cls, dsn: str, timeout: float) -> _Connection:
@@ -720,17 +849,17 @@ class _Connection:
             # is missing or outdated needs CREATE: a schema made beforehand needs no such
             # privilege.
             try:
-                complete, current = conn.execute(_SCHEMA_STATE).fetchone()
-                if not current:
-                    self._update_schema(conn, complete)
+                complete, current, self.lifelines = conn.execute(_SCHEMA_STATE).fetchone()
+                if not current and self._update_schema(conn, complete):
+                    self.lifelines = True
             except BaseException:
                 conn.close()
                 raise
             self._conn = conn
         return self._conn
 
-    def _update_schema(self, conn: Any, complete: bool) -> None:
-        """Run DDL (under an advisory lock: two workers may start at once).
+    def _update_schema(self, conn: Any, complete: bool) -> bool:
+        """Run DDL (under an advisory lock: two workers may start at once); True when it ran.
 
         IF NOT EXISTS and CREATE OR REPLACE: it keeps the rows, and brings an
         earlier version's schema up to date. A role that may not run it gets
@@ -749,6 +878,8 @@ class _Connection:
             if where not in _outdated_warned:
                 _outdated_warned.add(where)
                 logger.warning(WARN_SCHEMA_OUTDATED, where)
+            return False
+        return True
 
     def drop(self) -> None:
         self._forget_if_forked()
@@ -773,11 +904,14 @@ class _Connection:
                 self.lock.release()
 
 
-#: The acquire function's column of the server's start time (the last one, since version 2).
+#: The acquire function's column of the server's start time (since version 2), and of the
+#: holder's lifeline (since version 3, the last one).
 _RESTARTED_COLUMN = 13
+_LIFELINE_COLUMN = 14
 
 
-def _record(row: Any, now_us: int) -> LeaseRecord:
+def _record(row: Any, now_us: int, lifeline: str | None = None) -> LeaseRecord:
+    """The record of a lease row (``lease_id`` first, as :meth:`PostgresLeaseStore.read` reads)."""
     ttl_us = int(row[8] or 0)
     expires_in = (int(row[6]) - now_us) / 1e6
     return LeaseRecord(
@@ -789,6 +923,7 @@ def _record(row: Any, now_us: int) -> LeaseRecord:
         expires_in=expires_in,
         hold_off=max(0.0, (int(row[7]) - now_us) / 1e6),
         renewed_ago=max(0.0, ttl_us / 1e6 - expires_in) if ttl_us else None,
+        lifeline=lifeline or "",
     )
 
 

@@ -397,3 +397,50 @@ def test_call_many_answers_each_lease_as_its_own_call_would(make_store, lease_tt
     record = store.read(f"{base}-d")
     assert record is not None and record.nodename == mine.nodename
     assert record.token == granted.token
+
+
+#: A process that opens a lifeline on the store at argv[1], says its key, and confirms it.
+LIFELINE_HOLDER = """
+import sys, time
+from celery_leader.stores import open_store
+store = open_store(sys.argv[1], timeout=2.0)
+lifeline = store.open_lifeline()
+print(lifeline.key, flush=True)
+while True:
+    lifeline.confirm(timeout=1.0)
+    time.sleep(0.05)
+"""
+
+
+def test_claimed_lifeline_ends_when_its_process_is_killed(make_store, any_store_url):
+    """LIFELINE: another process's lifeline reads kept, and gone soon after its SIGKILL.
+
+    Nobody closes it: the kernel does, as the process dies. Both readings come
+    from one session, so a follower may take "gone" for "ended".
+    """
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    store = make_store()
+    if not claims(store, Capability.LIFELINE):
+        pytest.skip("the store does not claim lifelines")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LIFELINE_HOLDER, any_store_url], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        key = proc.stdout.readline().strip()
+        assert key, "the holder process opened no lifeline"
+        kept = store.read_lifelines([key])
+        assert kept.alive == {key}
+        os.kill(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 2.0
+        while (reading := store.read_lifelines([key])).alive and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not reading.alive, "a killed process's lifeline is still kept after 2 s"
+        assert reading.session == kept.session
+    finally:
+        proc.kill()
+        proc.wait()

@@ -190,4 +190,4 @@ def test_an_earlier_versions_schema_is_brought_up_to_date_or_used_as_it_is(
         (comment,) = conn.execute(
             f"SELECT obj_description(to_regprocedure('{ACQUIRE}'), 'pg_proc')"
         ).fetchone()
-    assert comment == "celery-leader schema 2", "the owner's store brought it up to date"
+    assert comment == "celery-leader schema 3", "the owner's store brought it up to date"

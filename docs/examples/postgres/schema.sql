@@ -13,6 +13,8 @@ CREATE TABLE IF NOT EXISTS celery_leader_lease (
     lease_end_us bigint NOT NULL DEFAULT 0,
     incarnation text
 );
+-- Since schema 3: the key of the lifeline the holder tied its term to ('' for none).
+ALTER TABLE celery_leader_lease ADD COLUMN IF NOT EXISTS lifeline text NOT NULL DEFAULT '';
 CREATE TABLE IF NOT EXISTS celery_leader_state (
     name text NOT NULL,
     key text NOT NULL,
@@ -33,22 +35,28 @@ CREATE TABLE IF NOT EXISTS celery_leader_member (
     expires_at_us bigint NOT NULL,
     PRIMARY KEY (grp, member)
 );
--- The acquire, in one statement (celery_leader/stores/rules.py, in SQL). Dropped first:
--- an earlier version's has fewer OUT columns, which CREATE OR REPLACE cannot change.
+-- The acquire, in one statement (celery_leader/stores/rules.py, in SQL), and the takeover
+-- of a dead term (Lifelines.take_over: p_dead_token and p_dead_lifeline name the term, ''
+-- for none). Dropped first: an earlier version's has fewer OUT columns, which CREATE OR
+-- REPLACE cannot change.
 DROP FUNCTION IF EXISTS celery_leader_acquire(text, text, text, text, integer, bigint, bigint);
+DROP FUNCTION IF EXISTS celery_leader_acquire(
+    text, text, text, text, integer, bigint, bigint, text, bigint, text);
 CREATE FUNCTION celery_leader_acquire(
     p_name text, p_lease_id text, p_nodename text, p_hostname text, p_pid integer,
-    p_ttl_us bigint, p_min_token bigint,
+    p_ttl_us bigint, p_min_token bigint, p_lifeline text, p_dead_token bigint,
+    p_dead_lifeline text,
     OUT o_acquired boolean, OUT o_token bigint, OUT o_hold_off_us bigint,
     OUT o_lease_id text, OUT o_nodename text, OUT o_hostname text, OUT o_pid integer,
     OUT o_held_token bigint, OUT o_acquired_at double precision, OUT o_expires_at_us bigint,
     OUT o_hold_until_us bigint, OUT o_ttl_us bigint, OUT o_now_us bigint,
-    OUT o_restarted_us bigint)
+    OUT o_restarted_us bigint, OUT o_lifeline text)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     r record;
     seen text;
     live boolean;
+    taken_over boolean := false;
     own_hold_until bigint := 0;
     forgot boolean;
     hold_until bigint;
@@ -59,12 +67,20 @@ BEGIN
     o_now_us := celery_leader_now_us();
     seen := celery_leader_incarnation();
     live := r.lease_id IS NOT NULL AND r.expires_at_us > o_now_us;
+    IF live AND p_dead_lifeline <> '' AND r.lease_id <> p_lease_id
+            AND r.token = p_dead_token AND r.lifeline = p_dead_lifeline THEN
+        -- The dead term a takeover names, still held: freed as a release frees it (its
+        -- early end is no loss of data), and what is left of its hold-off carries over.
+        live := false;
+        taken_over := true;
+        own_hold_until := r.hold_until_us;
+    END IF;
     IF live AND r.lease_id <> p_lease_id THEN
         o_acquired := false;
         o_lease_id := r.lease_id; o_nodename := r.nodename; o_hostname := r.hostname;
         o_pid := r.pid; o_held_token := r.token; o_acquired_at := r.acquired_at;
         o_expires_at_us := r.expires_at_us; o_hold_until_us := r.hold_until_us;
-        o_ttl_us := r.ttl_us;
+        o_ttl_us := r.ttl_us; o_lifeline := r.lifeline;
         RETURN;
     END IF;
     IF live THEN
@@ -75,7 +91,7 @@ BEGIN
     -- lease gone before its recorded end (rules.lease_vanished_early).
     forgot := r.incarnation IS NULL
         OR substring(r.incarnation FROM '^[^:]*:[^:]*') <> substring(seen FROM '^[^:]*:[^:]*')
-        OR (NOT live AND r.lease_end_us > o_now_us);
+        OR (NOT live AND NOT taken_over AND r.lease_end_us > o_now_us);
     -- Only the start time differs: the server restarted (rules.hold_off's restarted_at).
     IF NOT forgot AND r.incarnation <> seen THEN
         o_restarted_us := (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint;
@@ -99,9 +115,26 @@ BEGIN
     UPDATE celery_leader_lease SET lease_id = p_lease_id, nodename = p_nodename,
         hostname = p_hostname, pid = p_pid, token = o_token, acquired_at = o_now_us / 1e6,
         expires_at_us = o_now_us + p_ttl_us, hold_until_us = hold_until, ttl_us = p_ttl_us,
-        lease_end_us = o_now_us + p_ttl_us, incarnation = seen
+        lease_end_us = o_now_us + p_ttl_us, incarnation = seen, lifeline = p_lifeline
         WHERE name = p_name;
     o_acquired := true;
 END $$;
+-- The acquire as earlier versions call it (a rolling upgrade): no lifeline, and their
+-- columns (a statement they prepared keeps its result type). It carries the schema's
+-- version, where those versions look for it.
+CREATE FUNCTION celery_leader_acquire(
+    p_name text, p_lease_id text, p_nodename text, p_hostname text, p_pid integer,
+    p_ttl_us bigint, p_min_token bigint,
+    OUT o_acquired boolean, OUT o_token bigint, OUT o_hold_off_us bigint,
+    OUT o_lease_id text, OUT o_nodename text, OUT o_hostname text, OUT o_pid integer,
+    OUT o_held_token bigint, OUT o_acquired_at double precision, OUT o_expires_at_us bigint,
+    OUT o_hold_until_us bigint, OUT o_ttl_us bigint, OUT o_now_us bigint,
+    OUT o_restarted_us bigint)
+LANGUAGE sql VOLATILE AS $$
+    SELECT o_acquired, o_token, o_hold_off_us, o_lease_id, o_nodename, o_hostname, o_pid,
+        o_held_token, o_acquired_at, o_expires_at_us, o_hold_until_us, o_ttl_us, o_now_us,
+        o_restarted_us
+    FROM celery_leader_acquire(p_name, p_lease_id, p_nodename, p_hostname, p_pid, p_ttl_us,
+        p_min_token, ''::text, 0::bigint, ''::text) $$;
 COMMENT ON FUNCTION celery_leader_acquire(text, text, text, text, integer, bigint, bigint)
-    IS 'celery-leader schema 2';
+    IS 'celery-leader schema 3';
