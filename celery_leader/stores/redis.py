@@ -221,7 +221,8 @@ _ACQUIRE_BODY = """
     local now = redis.call('TIME')
     local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
     local current = redis.call('GET', KEYS[1])
-    local hold_until = 0
+    -- ARGV[7]: a hold-off carried over from a term taken over (TAKE_OVER_LUA); else none.
+    local hold_until = tonumber(ARGV[7]) or 0
     if current then
       local ok, rec = pcall(cjson.decode, current)
       if not ok or type(rec) ~= 'table' or rec['lease_id'] ~= ARGV[1] then
@@ -314,9 +315,10 @@ class RedisLeaseStore:
     ACQUIRE_LUA = _INCARNATION + _ACQUIRE_BODY
 
     # ACQUIRE_LUA's KEYS and ARGV, then ARGV[5] the dead term's token, ARGV[6] its lifeline
-    # key. When the lease is held by that very term (token and lifeline), past its hold-off,
-    # it is freed as a release frees it (no "the store forgot" from its early end), then
-    # ACQUIRE_LUA runs; any other lease answers as ACQUIRE_LUA does.
+    # key. When the lease is held by that very term (token and lifeline), it is freed as a
+    # release frees it (no "the store forgot" from its early end), then ACQUIRE_LUA runs,
+    # keeping what is left of the dead term's hold-off; any other lease answers as
+    # ACQUIRE_LUA does.
     TAKE_OVER_LUA = (
         _INCARNATION
         + "local function acquire_one(KEYS, ARGV)\n"
@@ -324,20 +326,19 @@ class RedisLeaseStore:
         + "end\n"
         + """
     local current = redis.call('GET', KEYS[1])
+    local carried = 0
     if current and ARGV[6] ~= '' then
       local ok, rec = pcall(cjson.decode, current)
-      local t = redis.call('TIME')
-      local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-      -- A term still in its hold-off is not taken over: the holder the store forgot
-      -- may act until that hold-off ends, and the lease then ends at its expiry.
       if ok and type(rec) == 'table' and rec['lifeline'] == ARGV[6]
-         and type(rec['token']) == 'number' and string.format('%d', rec['token']) == ARGV[5]
-         and (tonumber(rec['hold_until_us']) or 0) <= now_us then
+         and type(rec['token']) == 'number' and string.format('%d', rec['token']) == ARGV[5] then
         redis.call('DEL', KEYS[1])
         redis.call('HSET', KEYS[3], 'lease_end_us', '0')
+        -- What is left of the dead term's hold-off goes on: the holder the store
+        -- forgot, which that term held off for, may act until it ends.
+        carried = tonumber(rec['hold_until_us']) or 0
       end
     end
-    return acquire_one(KEYS, ARGV)
+    return acquire_one(KEYS, {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], carried})
     """
     )
 

@@ -121,6 +121,7 @@ def _long_run_in_the_leader(cluster):  # type: ignore[no-untyped-def]
         ("redis", "process group"),
         ("sentinel", "main process"),
         ("sqlite", "main process"),
+        ("postgres", "main process"),
     ],
     indirect=["lifeline_store"],
 )

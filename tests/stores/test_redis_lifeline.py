@@ -178,17 +178,21 @@ def _with(record, **changes):  # type: ignore[no-untyped-def]
     return replace(record, **changes)
 
 
-def test_a_term_in_its_hold_off_is_not_taken_over(server):
-    """The holder the store forgot may act until the hold-off ends: no takeover before."""
+def test_a_term_taken_over_in_its_hold_off_passes_the_rest_of_it_on(server):
+    """The holder the store forgot may act until the dead term's hold-off ends: the new
+    term holds off until then too (not a whole ttl more, not less)."""
     fresh = open_store(server.url, timeout=1.0)
     try:
         old = Holder.for_this_process("old")
         old = Holder(old.lease_id, old.nodename, old.hostname, old.pid, lifeline="c" * 32)
         first = fresh.acquire(NAME, old, TTL)  # a new store: the first term holds off
         assert first.acquired
-        assert first.hold_off > 0
+        assert first.hold_off > TTL - 1
         record = fresh.read(NAME)
         assert record is not None
-        assert not fresh.take_over(NAME, Holder.for_this_process("new"), TTL, record).acquired
+        taken = fresh.take_over(NAME, Holder.for_this_process("new"), TTL, record)
+        assert taken.acquired
+        assert 0 < taken.hold_off <= first.hold_off
+        assert taken.hold_off > TTL - 2
     finally:
         fresh.close()
