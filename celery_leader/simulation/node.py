@@ -41,6 +41,7 @@ from typing import Any
 from celery_leader.elections.election import Election
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.lease import LeaseEvent, Term
+from celery_leader.lease.lifeline import HolderLifeline, LifelineMonitor
 from celery_leader.lease.timing import LeaseTiming
 from celery_leader.simulation.network import CallWitness, Network, StoreClient, WatchEntry
 from celery_leader.simulation.pool import Judge, Pool, WorkProfile
@@ -114,6 +115,8 @@ class Node:
         client_factory: Callable[[Node, list[WatchEntry]], StoreClient] | None = None,
         acquire_delay: Callable[[], float] | None = None,
         witness: CallWitness | None = None,
+        lifeline: HolderLifeline | None = None,
+        lifelines: LifelineMonitor | None = None,
     ) -> None:
         self.name = name
         #: The election (its lease name) this node competes in.
@@ -142,6 +145,10 @@ class Node:
         self._stop_pending: bool | None = None  # release flag of a requested stop
         self._crash_pending = False
         self._pause_pending = 0.0
+        #: Called once the thread ended by a stop (the process exits after its last one).
+        self.on_exit: Callable[[], None] | None = None
+        #: The process's lifeline (:mod:`.lifelines`), which every term is tied to; or None.
+        self._lifeline = lifeline
         self.watches: list[WatchEntry] = []
         self.client = (
             StoreClient(network, self, self.watches)
@@ -183,6 +190,8 @@ class Node:
             event_factory=lambda: WakeEvent(self.wake),
             call=self._call,
             acquire_delay=acquire_delay,
+            lifeline=lifeline,
+            lifelines=lifelines,
         )
         self.shared = self.election.shared
         self.manager = self.election.manager
@@ -236,7 +245,9 @@ class Node:
 
         def begin() -> None:
             self._trace.add(self._sched.now, self.name, "starts (clock rate %.5f)", self.rate)
-            self.manager._open_watch()  # the thread's first action (LeaseManager._run)
+            self.manager._open_watch()  # the thread's first actions (LeaseManager._run)
+            if self._lifeline is not None:
+                self._lifeline.add_listeners(ended=self.manager._on_own_lifeline_ended)
             self._schedule(self._sched.now)
 
         self._sched.at(at, begin, self)
@@ -315,6 +326,9 @@ class Node:
         self._trace.add(self._sched.now, self.name, "stop(release=%s)", release)
         self.alive = False  # before stop(): the wake it sets must not schedule a step
         self.manager.stop(release=release)  # no thread: only sets the flags
+        if self._lifeline is not None:
+            # _run adds it again and removes it in its `finally`: not twice.
+            self._lifeline.remove_listeners(ended=self.manager._on_own_lifeline_ended)
         self._busy = True
         try:
             # The thread's body: with _stopping set it goes straight to its
@@ -326,6 +340,8 @@ class Node:
             entry.close()
         self.pool.exit("worker exit")  # the term's end was handled: the process exits
         self._after_code()
+        if self.on_exit is not None:
+            self.on_exit()
 
     def request_step_down(self) -> None:
         """``manager.step_down()``; the thread does it at its next step."""
