@@ -19,7 +19,9 @@ A store call of node A at real time ``t`` (see :meth:`Network.call`):
 
 A call can return later than its reply when another node's call is nested
 inside it (at most that call's timeout later, per level of nesting): that is
-a thread scheduled late, which the manager must tolerate.
+a thread scheduled late, which the manager must tolerate. A
+:class:`SuspendingThread` (the lifeline threads) waits by suspending
+instead: its calls run nothing nested, so they never make another call late.
 
 Release notifications (Redis pub/sub, PostgreSQL ``NOTIFY``, etcd's watch,
 which also reports an expiry) travel the same way: at most once, with the
