@@ -14,7 +14,7 @@ from celery_leader.simulation import Broken, run_seeds, simulate
 from celery_leader.simulation.cli import main
 from celery_leader.simulation.failover import measure
 from celery_leader.simulation.faults import Fault, Kind
-from celery_leader.simulation.lifelines import LifelineServer
+from celery_leader.simulation.lifelines import LifelineServer, StepThread
 from celery_leader.simulation.model_store import ModelStore
 from celery_leader.simulation.network import Network, NetworkProfile, NoReply
 from celery_leader.simulation.scheduler import Halt, Scheduler
@@ -165,6 +165,43 @@ def test_a_partition_loses_the_requests_and_replies_of_the_process_cut_off():
     sched.run_until(1.0)
     assert applied == []
     assert network.call(caller, lambda: "pong", 0.5, "ping") == "pong"
+
+
+def test_a_lifeline_threads_call_never_makes_another_call_return_late():
+    """Its calls suspend it (a greenlet): an unanswered one does not hold up a node's call."""
+
+    class Node:
+        name, rate, paused_until = "n0", 1.0, 0.0
+
+    sched = Scheduler()
+    profile = NetworkProfile(min_delay=0.01, max_delay=0.01)
+    network = Network(sched, ModelStore(lambda: sched.now), _rng(), profile, Trace(None))
+    outcomes: list[tuple[str, float]] = []
+
+    def unanswered() -> float | None:
+        try:
+            network.call(thread, _no_reply, 0.25, "lifeline confirmation")
+        except StoreCallTimeoutError:
+            outcomes.append(("thread timed out", sched.now))
+        return None
+
+    thread = StepThread("n1/lifeline", 1.0, sched, _rng(), body=unanswered, after=lambda: None)
+    thread.start(0.005)  # while the node's call is out
+
+    def node_call() -> None:
+        network.call(Node(), lambda: None, 0.5, "renew")
+        outcomes.append(("node's call returned", sched.now))
+
+    sched.at(0.0, node_call)
+    sched.run_until(1.0)
+    assert outcomes == [
+        ("node's call returned", pytest.approx(0.02)),
+        ("thread timed out", pytest.approx(0.255)),
+    ]
+
+
+def _no_reply() -> None:
+    raise NoReply
 
 
 def _rng():
