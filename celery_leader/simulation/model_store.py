@@ -31,8 +31,9 @@ Lua scripts and its safety statement):
 * **take_over** (with lifelines, :mod:`.lifelines`): compare-and-set on the
   live lease's token and lifeline key, as the follower read them; on a match
   the lease is granted as an acquire of a free lease would be (the token and
-  hold-off rules apply), otherwise it answers as ``acquire``. Every lease
-  record carries its holder's lifeline key.
+  hold-off rules apply), and the new term keeps what is left of the dead
+  term's hold-off; otherwise it answers as ``acquire``. Every lease record
+  carries its holder's lifeline key.
 * **Epoch**: the incarnation of the data (Redis: the server's run id, its
   replication id and the count of commands that replace data in place). It
   is not part of the data, so no copy of the data brings an old one back.
@@ -519,8 +520,9 @@ class ModelStore(LeaseModel[Data]):
         """Take the lease of the term *dead* (its lifeline was seen ended); see the docstring.
 
         Compare-and-set on the live lease's token and lifeline key: on a
-        match, granted as an acquire of a free lease (no lease of its own to
-        keep a hold-off of, none vanished early); otherwise :meth:`acquire`.
+        match, granted as an acquire of a free lease would be (none vanished
+        early), keeping what is left of the dead term's hold-off, as a holder
+        re-acquiring its own lease keeps its own; otherwise :meth:`acquire`.
         """
         now = self._clock()
         current = self._live(now)
@@ -540,9 +542,17 @@ class ModelStore(LeaseModel[Data]):
         )
         if self.on_take_over is not None:
             self.on_take_over(dead.lifeline)
-        # The lease is there (nothing vanished), and it is not ours (no hold-off to keep).
+        # The lease is there (nothing vanished). A term taken over in its hold-off passes
+        # the rest of it on: it holds off because a holder the store forgot may still act,
+        # and that holder is still out there (the dead one never acted).
         return self._grant(
-            holder, ttl, min_token=min_token, now=now, present=True, own_hold_until=0.0, who=who
+            holder,
+            ttl,
+            min_token=min_token,
+            now=now,
+            present=True,
+            own_hold_until=current.hold_until,
+            who=who,
         )
 
     def take_early(self, name: str, holder: Holder, ttl: float) -> AcquireResult:

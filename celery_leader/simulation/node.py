@@ -41,7 +41,7 @@ from typing import Any
 from celery_leader.elections.election import Election
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.lease import LeaseEvent, Term
-from celery_leader.lease.lifeline import HolderLifeline, LifelineMonitor
+from celery_leader.lease.lifeline import OPEN_WAIT, HolderLifeline, LifelineMonitor
 from celery_leader.lease.timing import LeaseTiming
 from celery_leader.simulation.network import CallWitness, Network, StoreClient, WatchEntry
 from celery_leader.simulation.pool import Judge, Pool, WorkProfile
@@ -145,6 +145,8 @@ class Node:
         self._stop_pending: bool | None = None  # release flag of a requested stop
         self._crash_pending = False
         self._pause_pending = 0.0
+        #: Waiting for the lifeline's first confirmation before the first step.
+        self._waiting = False
         #: Called once the thread ended by a stop (the process exits after its last one).
         self.on_exit: Callable[[], None] | None = None
         #: The process's lifeline (:mod:`.lifelines`), which every term is tied to; or None.
@@ -246,11 +248,33 @@ class Node:
         def begin() -> None:
             self._trace.add(self._sched.now, self.name, "starts (clock rate %.5f)", self.rate)
             self.manager._open_watch()  # the thread's first actions (LeaseManager._run)
-            if self._lifeline is not None:
-                self._lifeline.add_listeners(ended=self.manager._on_own_lifeline_ended)
-            self._schedule(self._sched.now)
+            lifeline = self._lifeline
+            if lifeline is None or lifeline.wait_opened(0):
+                if lifeline is not None:
+                    lifeline.add_listeners(ended=self.manager._on_own_lifeline_ended)
+                self._schedule(self._sched.now)
+                return
+            lifeline.add_listeners(ended=self.manager._on_own_lifeline_ended)
+            self._wait_for_lifeline(lifeline)
 
         self._sched.at(at, begin, self)
+
+    def _wait_for_lifeline(self, lifeline: HolderLifeline) -> None:
+        """LeaseManager._run: the first step after the first confirmation, or OPEN_WAIT.
+
+        Wake-ups meanwhile (the watch's first call-back) change nothing: the
+        thread clears its wake event after the wait.
+        """
+        self._waiting = True
+
+        def go() -> None:
+            lifeline.remove_listeners(confirmed=go)
+            if self._waiting:
+                self._waiting = False
+                self.wake()
+
+        lifeline.add_listeners(confirmed=go)
+        self._sched.at(self._sched.now + OPEN_WAIT / self.rate, go, self)
 
     def _schedule(self, at: float) -> None:
         self._gen += 1
@@ -259,7 +283,7 @@ class Node:
 
     def wake(self) -> None:
         """The manager's wake event was set: step now (or right after the current step)."""
-        if not self.alive:
+        if not self.alive or self._waiting:
             return
         if self._busy:
             self._wake_pending = True

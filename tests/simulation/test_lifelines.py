@@ -98,6 +98,8 @@ def test_take_over_is_a_compare_and_set_on_token_and_lifeline():
     store = ModelStore(clock)
     taken: list[str] = []
     store.on_take_over = taken.append
+    store.acquire("sim", _holder("x"), 3.0)  # a clean earlier term: no hold-off after it
+    store.release("sim", "x-id")
     clock.now = 1.0
     store.acquire("sim", _holder("a", "a~1"), 3.0)
     dead = store.read("sim")
@@ -133,6 +135,21 @@ def test_a_take_over_after_the_store_forgot_holds_off_as_an_acquire_would():
     result = store.take_over("sim", _holder("b"), 3.0, dead)
     assert result.acquired
     assert result.hold_off == 3.0
+
+
+def test_a_take_over_of_a_term_in_its_hold_off_keeps_the_rest_of_it():
+    """The dead term held off for a holder the store forgot: its successor waits as long."""
+    clock = _Clock()
+    store = ModelStore(clock)
+    clock.now = 1.0
+    first = store.acquire("sim", _holder("a", "a~1"), 3.0)
+    assert first.hold_off == 3.0  # a store with no record of earlier terms
+    dead = store.read("sim")
+    assert dead is not None
+    clock.now = 1.4
+    result = store.take_over("sim", _holder("b", "b~1"), 3.0, dead)
+    assert result.acquired
+    assert result.hold_off == pytest.approx(2.6)
 
 
 def test_a_take_over_of_a_free_lease_is_an_acquire():
