@@ -2,11 +2,8 @@
 
 One scenario per seed, run twice, without and with lifelines (:mod:`.lifelines`):
 the seed's nodes (their clocks, starts and jitter), its message delays and
-nothing else of its plan (no loss, no other fault); at :data:`STEP_DOWN_AT`
-the leader steps down, so that the next term is tied to its holder's
-lifeline (a worker's first term is not: its lifeline is not confirmed yet
-when it first acquires); at :data:`CRASH_AT` the leader's process is killed
-(SIGKILL, never restarted). The failover time is from the kill to the next
+nothing else of its plan (no loss, no other fault); at :data:`CRASH_AT` the
+leader's process is killed (SIGKILL, never restarted). The failover time is from the kill to the next
 election, in virtual seconds of real time: without lifelines, the rest of
 the dead leader's lease, the followers' look at it (with their jitter) and
 the new leader's hold-off, if any; with lifelines, the followers' next
@@ -27,8 +24,6 @@ from celery_leader.simulation.models import DEFAULT
 from celery_leader.simulation.network import NetworkProfile
 from celery_leader.simulation.world import World, quiet_loggers
 
-#: The leader steps down (real seconds): the term after it is tied to a lifeline.
-STEP_DOWN_AT = 6.0
 #: The leader's process is killed (real seconds).
 CRASH_AT = 12.0
 #: The run ends this long after the kill (real seconds): longer than any failover.
@@ -52,10 +47,7 @@ def failover(seed: int, *, lifelines: bool, store: str = DEFAULT) -> Failover:
         world.plan = replace(
             world.plan,
             duration=CRASH_AT + AFTER,
-            faults=[
-                Fault(STEP_DOWN_AT, Kind.STEP_DOWN, leader=True),
-                Fault(CRASH_AT, Kind.CRASH, leader=True, age=2 * AFTER),
-            ],
+            faults=[Fault(CRASH_AT, Kind.CRASH, leader=True, age=2 * AFTER)],
         )
         # The seed's delays, without loss, slow, late or duplicated messages.
         world.network.profile = NetworkProfile(

@@ -273,10 +273,7 @@ def test_a_leader_stopped_by_sigstop_keeps_its_lifeline_and_is_not_taken_over():
             world.plan = dataclasses.replace(
                 world.plan,
                 duration=20.0,
-                faults=[
-                    Fault(6.0, Kind.STEP_DOWN, leader=True),  # the next term is tied to a lifeline
-                    Fault(10.0, Kind.NODE_PAUSE, duration=6.0, leader=True),
-                ],
+                faults=[Fault(10.0, Kind.NODE_PAUSE, duration=6.0, leader=True)],
             )
             world.network.profile = NetworkProfile()
             tied: list[str] = []
