@@ -3,11 +3,11 @@
 One scenario per seed, run twice, without and with lifelines (:mod:`.lifelines`):
 the seed's nodes (their clocks, starts and jitter), its message delays and
 nothing else of its plan (no loss, no other fault); at :data:`CRASH_AT` the
-leader's process is killed (SIGKILL, never restarted). The failover time is from the kill to the next
-election, in virtual seconds of real time: without lifelines, the rest of
-the dead leader's lease, the followers' look at it (with their jitter) and
-the new leader's hold-off, if any; with lifelines, the followers' next
-reading of the lifeline, :data:`~celery_leader.lease.lifeline.TAKEOVER_WAIT`
+leader's process is killed (SIGKILL, never restarted). The failover time is
+from the kill to the next election, in virtual seconds of real time:
+without lifelines, the rest of the dead leader's lease and the followers'
+look at it (with their jitter); with lifelines, the FIN, the followers'
+next reading of the lifeline, :data:`~celery_leader.lease.lifeline.TAKEOVER_WAIT`
 and the take-over.
 
 ``python -m celery_leader.simulation --failover [N]`` prints both.
