@@ -273,6 +273,10 @@ class StepThread(SuspendingThread):
             self._glet = None  # never resumed: dropped with whatever it was doing
 
 
+def _nothing() -> None:
+    pass
+
+
 class SimLifeline:
     """A :class:`~celery_leader.stores.base.Lifeline` on the model server, through the network."""
 
@@ -461,11 +465,15 @@ class ProcessLifelines:
         self._server = server
         self._trace = trace
         self.holder_thread = StepThread(
-            f"{process}/lifeline", rate, sched, rng, body=self._hold_step, after=after_step
+            f"{process}/lifeline", rate, sched, rng, body=self._hold_step, after=self._judge
         )
+        # A reading's callbacks only wake managers: nothing the checker judges changes.
         self.monitor_thread = StepThread(
-            f"{process}/lifelines", rate, sched, rng, body=self._monitor_step, after=after_step
+            f"{process}/lifelines", rate, sched, rng, body=self._monitor_step, after=_nothing
         )
+        self._after_step = after_step
+        #: Set by the world: some election of the process leads (or holds off).
+        self.holds: Callable[[], bool] = lambda: True
 
         def client(thread: StepThread) -> LifelineClient:
             return LifelineClient(
@@ -500,6 +508,12 @@ class ProcessLifelines:
 
     def _say(self, thread: StepThread, message: str, *args: object) -> None:
         self._trace.add(self._sched.now, thread.name, message, *args)
+
+    def _judge(self) -> None:
+        # A confirmation republishes the validity of the process's terms (Election.refresh);
+        # without a term there is nothing it can change.
+        if self.holds():
+            self._after_step()
 
     def _hold_step(self) -> float:
         return self.holder.step()

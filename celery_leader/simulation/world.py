@@ -311,6 +311,8 @@ class World:
             process.nodes.append(node)
             self.all_nodes.append(node)
             self._nodes_of[election].append(node)
+        if lifelines is not None:
+            lifelines.holds = lambda: any(node.manager.state().token for node in process.nodes)
         self.slots[slot] = process
         process.start(at)
 
