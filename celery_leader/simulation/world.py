@@ -466,7 +466,11 @@ class World:
         if kind is Kind.ADMIN_KILL:
             server = self.lifeline_server
             assert server is not None, "only with lifelines"
-            server.kill(process.nodename, silent=fault.silent)
+            nodename, silent = process.nodename, fault.silent
+            # A command to the server (CLIENT KILL, pg_terminate_backend): it waits out a pause.
+            self.sched.at(
+                now, lambda: server.kill(nodename, silent=silent), owner=self._store_process
+            )
             return
         if kind is Kind.PARTITION:
             self._partition(process, fault)
