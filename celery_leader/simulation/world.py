@@ -466,10 +466,11 @@ class World:
         if kind is Kind.ADMIN_KILL:
             server = self.lifeline_server
             assert server is not None, "only with lifelines"
-            nodename, silent = process.nodename, fault.silent
             # A command to the server (CLIENT KILL, pg_terminate_backend): it waits out a pause.
             self.sched.at(
-                now, lambda: server.kill(nodename, silent=silent), owner=self._store_process
+                now,
+                partial(self._admin_kill, server, process.nodename, fault.silent),
+                owner=self._store_process,
             )
             return
         if kind is Kind.PARTITION:
@@ -484,6 +485,10 @@ class World:
             return
         # The rest act on the node's thread or process: not while it is paused.
         self.sched.at(now, partial(self._node_action, process, fault), process.nodes[0])
+
+    @staticmethod
+    def _admin_kill(server: LifelineServer, nodename: str, silent: bool) -> None:
+        server.kill(nodename, silent=silent)
 
     def _partition(self, process: Process, fault: Fault) -> None:
         """*process* is cut off from the store; the server may drop its lifeline meanwhile."""
