@@ -740,10 +740,12 @@ class LeaseManager:
                 return 0.0
             now = self._clock()
         if held.elected_at is None and now >= held.hold_until:
-            if now >= held.valid_until:
-                # A renewal whose reply came after validity ended (a pause
-                # mid-call): the term is over before it began. Never elect it.
-                self._lose(LossReason.EXPIRED)
+            if now >= held.valid_until or self._lifeline_ended(held):
+                # A renewal whose reply came after validity ended (a pause mid-call), or
+                # while the term's lifeline ended (a follower may take it over and lead):
+                # the term is over before it began. Never elect it.
+                if self._held is held:
+                    self._lose(LossReason.EXPIRED)
                 return 0.0
             self._elect(held, now)
         wake_at = min(held.next_renew_at, held.valid_until)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from celery_leader.exceptions import StoreCallTimeoutError
-from celery_leader.lease import LeaseManager, Role
+from celery_leader.lease import LeaseEvent, LeaseManager, Role
 from celery_leader.lease.lifeline import HolderLifeline, LifelineMonitor
 from celery_leader.lease.timing import LeaseTiming
 from celery_leader.simulation.model_store import ModelStore
@@ -17,6 +17,7 @@ from celery_leader.stores.base import (
     AcquireResult,
     Holder,
     LeaseRecord,
+    LifelineEndedError,
     LifelineReading,
 )
 from celery_leader.stores.memory import reset_memory_stores
@@ -167,3 +168,62 @@ def test_a_late_attempt_with_another_lifeline_never_ties_the_stores_record_to_it
     record = store.read("job")
     assert record is not None
     assert record.lifeline == manager.state().lifeline
+
+
+class _EndingLine(_InstantLine):
+    """A lifeline that ends (the server dropped it) once told to."""
+
+    def __init__(self) -> None:
+        self.gone = False
+
+    def confirm(self, timeout: float) -> None:
+        if self.gone:
+            raise LifelineEndedError("the server dropped it")
+
+
+def test_a_term_whose_lifeline_ended_during_its_hold_off_is_never_elected():
+    """The lifeline ends while a renewal is out, and the hold-off ends meanwhile: no ELECTED.
+
+    Electing it would announce a term below one a follower may already have
+    started after taking it over (the lifeline's end lets it, TAKEOVER_WAIT
+    later), and that can never act.
+    """
+    clock = _Clock()
+    store = ModelStore(lambda: clock.now)  # no record of earlier terms: the first holds off
+    line = _EndingLine()
+    lifelines = _InstantLifelines()
+    lifelines.open_lifeline = lambda: line  # type: ignore[method-assign]
+    holder = HolderLifeline(lifelines, "sim", now=clock)
+    events: list[LeaseEvent] = []
+
+    def renewal_outlasting_the_hold_off(fn: Callable[[], Any], timeout: float, what: str) -> Any:
+        if what == "renew" and line.gone:
+            holder.step()  # the lifeline's thread hears of the end while the renewal is out
+            clock.now += timeout  # no reply (a partition): the hold-off ends meanwhile
+            raise StoreCallTimeoutError("renew timed out")
+        return fn()
+
+    manager = LeaseManager(
+        store,  # type: ignore[arg-type]
+        "job",
+        LeaseTiming.create(3.0),
+        holder=Holder(lease_id="first", nodename="m0", hostname="h", pid=1),
+        listeners=(events.append,),
+        clock=clock,
+        call=renewal_outlasting_the_hold_off,
+        lifeline=holder,
+        lifelines=LifelineMonitor(lifelines, "sim", now=clock, threaded=False),
+    )
+    holder.add_listeners(ended=manager._on_own_lifeline_ended)  # as LeaseManager._run does
+    holder.step()
+    manager.step()  # acquired, tied to the lifeline, holding off 3 s
+    assert manager.state().role is Role.HOLDING
+    assert manager.state().lifeline == "line-1"
+    for _ in range(2):
+        clock.now += 1.0
+        manager.step()  # renewed
+    clock.now += 1.0  # the next renewal is due as the hold-off ends
+    line.gone = True  # the server dropped the lifeline (its keepalive gave up, say)
+    manager.step()
+    assert [event.kind for event in events] == []
+    assert manager.state().role is Role.FOLLOWER
