@@ -130,6 +130,16 @@ class _StoreDownError(StoreError):
     """The store is restarting: connection refused."""
 
 
+class ProcessKilled(BaseException):
+    """The caller's process was killed while its call was out: its thread ends here.
+
+    Raised to a caller that has ``killed`` set (a node of a run with
+    lifelines, see :meth:`.node.Node.request_crash`) when its call returns;
+    a BaseException, so that no ``except Exception`` of the code under test
+    lets the dead thread go on.
+    """
+
+
 class NoReply(Exception):  # noqa: N818 - not an error of the caller: the server stays silent
     """Raised by a store operation that sends no reply at all (the caller times out)."""
 
@@ -190,22 +200,28 @@ class Network:
             sched.at(now + delay, lambda: self._arrive(node, pending, fn, what))
         # The caller's wait is measured on its own clock.
         sched.at(now + max(timeout, 0.0) / node.rate, lambda: _time_out(pending), node)
-        if isinstance(node, SuspendingThread):
-            pending.resume = node.resume
-            node.suspend()  # the world goes on; the reply or the timeout resumes it
-        else:
-            self.callers.append(node)
-            try:
-                while not pending.decided:
-                    sched.run_one()
-            finally:
-                self.callers.pop()
+        self._wait(node, pending)
         if pending.timed_out:
             self.trace.add(sched.now, node.name, "%s timed out", what)
             raise StoreCallTimeoutError(f"{what} timed out after {timeout:.3g} s")
         if pending.error is not None:
             raise pending.error
         return pending.value
+
+    def _wait(self, node: Caller, pending: _Pending) -> None:
+        """Until *pending* is decided: suspended, or running the world nested (see above)."""
+        if isinstance(node, SuspendingThread):
+            pending.resume = node.resume
+            node.suspend()  # the world goes on; the reply or the timeout resumes it
+            return
+        self.callers.append(node)
+        try:
+            while not pending.decided:
+                self.sched.run_one()
+        finally:
+            self.callers.pop()
+        if getattr(node, "killed", False):  # only nodes are ever killed mid-call
+            raise ProcessKilled
 
     def send(self, node: Owner, fn: Callable[[], None], what: str) -> None:
         """A one-way message from *node* (a connection closed): *fn* runs at the store.

@@ -28,7 +28,10 @@ do not wait for it.
 
 Stop, step-down and crash are requests from outside the thread: a node that
 is inside a step (waiting for a store call) takes them when the step
-returns, as the real thread would at its next loop turn.
+returns, as the real thread would at its next loop turn. With lifelines a
+crash is taken when the call returns instead (the rest of the step never
+runs): the process's death is what its followers act on, within a fraction
+of a second, and a step that went on after it would act for a dead process.
 """
 
 from __future__ import annotations
@@ -43,7 +46,13 @@ from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.lease import LeaseEvent, Term
 from celery_leader.lease.lifeline import OPEN_WAIT, HolderLifeline, LifelineMonitor
 from celery_leader.lease.timing import LeaseTiming
-from celery_leader.simulation.network import CallWitness, Network, StoreClient, WatchEntry
+from celery_leader.simulation.network import (
+    CallWitness,
+    Network,
+    ProcessKilled,
+    StoreClient,
+    WatchEntry,
+)
 from celery_leader.simulation.pool import Judge, Pool, WorkProfile
 from celery_leader.simulation.scheduler import Scheduler
 from celery_leader.simulation.trace import Trace
@@ -117,8 +126,12 @@ class Node:
         witness: CallWitness | None = None,
         lifeline: HolderLifeline | None = None,
         lifelines: LifelineMonitor | None = None,
+        dies_at_once: bool = False,
     ) -> None:
         self.name = name
+        #: Killed while inside a store call (see :meth:`request_crash`).
+        self.killed = False
+        self._dies_at_once = dies_at_once
         #: The election (its lease name) this node competes in.
         self.election_name = election
         self.slot = slot
@@ -297,6 +310,11 @@ class Node:
         self._wake_pending = False
         try:
             delay = self.manager.step()
+        except ProcessKilled:
+            self._busy = False
+            self._die()  # killed while a call was out: the rest of the step never ran
+            self._after_code()
+            return
         finally:
             self._busy = False
         self._after_code()
@@ -398,11 +416,17 @@ class Node:
         return True
 
     def request_crash(self) -> None:
-        """SIGKILL: the manager is gone; the published validity still ends by itself."""
+        """SIGKILL: the manager is gone; the published validity still ends by itself.
+
+        A node inside a step dies when its step returns; with *dies_at_once*
+        (a run with lifelines, where the death itself is what followers act
+        on) when its store call returns, so the rest of the step never runs.
+        """
         if not self.alive:
             return
         if self._busy:
             self._crash_pending = True
+            self.killed = self._dies_at_once
         else:
             self._die()
 

@@ -307,6 +307,7 @@ class World:
                 witness=witness,
                 lifeline=None if lifelines is None else lifelines.holder,
                 lifelines=None if lifelines is None else lifelines.monitor,
+                dies_at_once=lifelines is not None,
             )
             process.nodes.append(node)
             self.all_nodes.append(node)

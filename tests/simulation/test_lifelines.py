@@ -316,7 +316,7 @@ def test_a_broken_lifeline_rule_is_caught(broken):
 def test_judging_after_node_and_lifeline_events_finds_what_judging_after_every_event_finds():
     for broken in (Broken.TAKEOVER_WITHOUT_WAIT, Broken.LIFELINE_UNBOUNDED):
         with quiet_loggers():
-            for seed in range(30):
+            for seed in range(20):
                 fast = simulate(seed, broken=broken, lifelines=True)
                 thorough = simulate(seed, broken=broken, lifelines=True, every_event=True)
                 assert fast.violation == thorough.violation, (seed, broken)
