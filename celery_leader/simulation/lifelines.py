@@ -269,8 +269,17 @@ class StepThread(SuspendingThread):
         """No further step; a step in progress goes on, unless the thread is *dead* (killed)."""
         self.running = False
         if dead:
-            self._dead = True
-            self._glet = None  # never resumed: dropped with whatever it was doing
+            self._dead = True  # never resumed: it ends with whatever it was doing
+
+    def close(self) -> None:
+        """At the end of the run: end a step left suspended, so that its stack is freed.
+
+        The garbage collector cannot free a suspended greenlet's stack, nor
+        anything its frames hold (the whole world): it must be ended.
+        """
+        glet, self._glet = self._glet, None
+        if glet is not None and not glet.dead:
+            glet.throw()  # GreenletExit, inside it: it unwinds and ends
 
 
 def _nothing() -> None:
@@ -555,3 +564,9 @@ class ProcessLifelines:
         self.holder.stop()
         for thread in self.threads:
             thread.stop()
+
+    def close(self) -> None:
+        """The run is over: end what its threads left suspended (see :meth:`StepThread.close`)."""
+        for thread in self.threads:
+            thread.stop(dead=True)
+            thread.close()

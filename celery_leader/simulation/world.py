@@ -163,6 +163,8 @@ class World:
         # Drawn after the others, so that their streams stay what they were.
         self._work_rng = _rng(master.getrandbits(64))
         self._lifeline_rng = _rng(master.getrandbits(64)) if lifelines else None
+        #: The lifelines of every process started (closed at the end of the run).
+        self._process_lifelines: list[ProcessLifelines] = []
         #: The store's server's lifelines (None without lifelines).
         self.lifeline_server = LifelineServer(self._store_says) if lifelines else None
         #: Real times of every election: (time, node, token).
@@ -265,6 +267,7 @@ class World:
                 after_step=self.check_all,
                 broken=self.broken,
             )
+            self._process_lifelines.append(lifelines)
         process = Process(
             nodename=nodename,
             rate=setup.rate,
@@ -571,6 +574,9 @@ class World:
         except Exception as exc:  # noqa: BLE001 - a crash of the run is a failure of the seed
             failure = f"the run raised {type(exc).__name__}: {exc}"
             self.trace.add(self.sched.now, "sim", "%s", traceback.format_exc().rstrip())
+        finally:
+            for lifelines in self._process_lifelines:
+                lifelines.close()
         violation = self._violation() or failure
         return SeedResult(
             seed=self.seed,
