@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import random
 from collections import Counter
 
+import greenlet
 import pytest
 
 from celery_leader.exceptions import StoreCallTimeoutError
@@ -328,6 +330,24 @@ def test_a_lifeline_seed_replays_the_identical_trace():
         second = simulate(5, lifelines=True, full_trace=True)
     assert len(first.trace) > 50
     assert first == second
+
+
+def _suspended_greenlets() -> int:
+    gc.collect()
+    return sum(
+        1
+        for thing in gc.get_objects()
+        if isinstance(thing, greenlet.greenlet) and thing.parent is not None and not thing.dead
+    )
+
+
+def test_a_run_leaves_no_lifeline_thread_suspended():
+    """A suspended greenlet is never collected, nor the world its frames hold."""
+    before = _suspended_greenlets()
+    with quiet_loggers():
+        for seed in range(10):  # most runs end with some thread inside a call
+            simulate(seed, lifelines=True)
+    assert _suspended_greenlets() <= before
 
 
 def test_lifelines_are_refused_where_the_model_has_none_and_broken_rules_need_them():
