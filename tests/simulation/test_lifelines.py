@@ -230,7 +230,7 @@ def _rng():
 # -- whole runs ------------------------------------------------------------------------
 
 #: The lifeline seeds CI runs (each about three times the work of a seed without).
-CI_SEEDS = range(400)
+CI_SEEDS = range(300)
 
 
 @pytest.mark.slow
@@ -242,7 +242,7 @@ def test_the_redis_model_with_lifelines_has_no_violations():
 
 @pytest.mark.parametrize(("store", "elections"), [("redis", 3), ("postgres", 1), ("sentinel", 1)])
 def test_other_models_and_balanced_elections_with_lifelines_have_no_violations(store, elections):
-    summary = run_seeds(range(20), jobs=1, lifelines=True, store=store, elections=elections)
+    summary = run_seeds(range(15), jobs=1, lifelines=True, store=store, elections=elections)
     assert summary.violations == 0, [(r.seed, r.violation) for r in summary.failures]
 
 
@@ -307,7 +307,7 @@ def test_the_checker_fails_a_take_over_of_a_lifeline_the_server_keeps():
 @pytest.mark.parametrize("broken", [Broken.TAKEOVER_WITHOUT_WAIT, Broken.LIFELINE_UNBOUNDED])
 def test_a_broken_lifeline_rule_is_caught(broken):
     """A follower that does not wait, or a holder not bounded by its lifeline: two act at once."""
-    summary = run_seeds(range(60), broken=broken, jobs=1, lifelines=True)
+    summary = run_seeds(range(50), broken=broken, jobs=1, lifelines=True)
     assert summary.violations >= 3, summary.violations
     acting_at_once = ("two leaders at once", "overlaps another term", "still executing")
     for result in summary.failures:
@@ -318,7 +318,7 @@ def test_a_broken_lifeline_rule_is_caught(broken):
 def test_judging_after_node_and_lifeline_events_finds_what_judging_after_every_event_finds():
     for broken in (Broken.TAKEOVER_WITHOUT_WAIT, Broken.LIFELINE_UNBOUNDED):
         with quiet_loggers():
-            for seed in range(20):
+            for seed in range(15):
                 fast = simulate(seed, broken=broken, lifelines=True)
                 thorough = simulate(seed, broken=broken, lifelines=True, every_event=True)
                 assert fast.violation == thorough.violation, (seed, broken)
