@@ -7,8 +7,9 @@
 #   ./run.sh bench            every benchmark; writes docs/benchmarks.md and docs/failover.png
 #   ./run.sh compat [--all]    the compat subset (pytest -m compat) on the oldest allowed
 #                             Celery/kombu/redis-py and on every supported Python
-#   ./run.sh simulate [--seeds N] [--seed S] [--elections K] [--store S]   deterministic simulation of the lease protocol;
-#                             ends with "N seeds, V violations", exit 0 only when V is 0
+#   ./run.sh simulate [--seeds N] [--seed S] [--elections K] [--store S] [--lifelines]   deterministic simulation of the lease protocol;
+#                             ends with "N seeds, V violations", exit 0 only when V is 0;
+#                             --failover [N]: failover times after a leader's death, with and without lifelines
 #   ./run.sh partition [--store S] [--broker B] [--fault F] [--repeat N]   every network
 #                             partition scenario on every store and broker (root); a table
 set -euo pipefail

@@ -17,6 +17,7 @@ import os
 from collections import Counter
 
 from celery_leader.simulation import Broken, run_seeds
+from celery_leader.simulation.model_store import LIFELINE_BREAKS, ModelStore
 
 #: Failing seeds listed by number (replay each with ./run.sh simulate --seed S).
 SHOWN = 20
@@ -45,17 +46,28 @@ def main() -> None:
     parser.add_argument(
         "--election-seeds", type=int, default=10_000, help="seeds with 3 balanced elections"
     )
+    parser.add_argument(
+        "--lifeline-seeds", type=int, default=10_000, help="seeds with lifelines (--lifelines)"
+    )
     args = parser.parse_args()
-    # (title, broken variant, seeds, elections per node)
-    runs = [("Redis model", None, args.seeds, 1)]
-    runs += [("Redis model, 3 elections balanced", None, args.election_seeds, 3)]
+    # (title, broken variant, seeds, elections per node, lifelines)
+    runs = [("Redis model", None, args.seeds, 1, False)]
+    runs += [("Redis model, 3 elections balanced", None, args.election_seeds, 3, False)]
+    runs += [("Redis model, lifelines", None, args.lifeline_seeds, 1, True)]
     runs += [
-        (f"broken: {mode.value}", mode, args.broken_seeds, 1)
+        (f"broken: {mode.value}", mode, args.broken_seeds, 1, mode in LIFELINE_BREAKS)
         for mode in Broken
-        if mode is not Broken.BALANCER_TAKES_EARLY
+        # The other stores' variants need their models (./run.sh simulate --store S).
+        if mode in ModelStore.breaks and mode is not Broken.BALANCER_TAKES_EARLY
     ]
     runs += [
-        ("broken: balancer-takes-early (3 el.)", Broken.BALANCER_TAKES_EARLY, args.broken_seeds, 3)
+        (
+            "broken: balancer-takes-early (3 el.)",
+            Broken.BALANCER_TAKES_EARLY,
+            args.broken_seeds,
+            3,
+            False,
+        )
     ]
     print(f"\ndeterministic simulation, {args.jobs or os.cpu_count()} processes\n")
     header = ("store", "seeds", "violations", "seconds", "seeds/s")
@@ -63,9 +75,11 @@ def main() -> None:
     print(f"|{'-' * 38}|{'-' * 9}|{'-' * 12}|{'-' * 9}|{'-' * 9}|")
     failing: list[int] = []
     kinds: Counter[str] = Counter()
-    for title, broken, count, elections in runs:
+    for title, broken, count, elections, lifelines in runs:
         seeds = range(args.first, args.first + count)
-        summary = run_seeds(seeds, broken=broken, jobs=args.jobs, elections=elections)
+        summary = run_seeds(
+            seeds, broken=broken, jobs=args.jobs, elections=elections, lifelines=lifelines
+        )
         rate = summary.seeds / summary.seconds
         print(
             f"| {title:<36} | {summary.seeds:>7} | {summary.violations:>10} | "

@@ -54,7 +54,10 @@ What follows from "the same connection":
   at its expiry as before;
 * a key is never reopened: a holder whose lifeline ended loses the terms tied
   to it (:attr:`~celery_leader.lease.manager.LossReason.LIFELINE_ENDED`),
-  opens a new lifeline with a new key, and ties only later terms to it.
+  opens a new lifeline with a new key, and ties only later terms to it;
+* a term is tied only to a lifeline confirmed when the term is acquired, so
+  a lease manager waits (at most :data:`OPEN_WAIT`) for the first
+  confirmation before it first competes.
 
 A holder stopped whole (SIGSTOP, a frozen container) keeps its sockets open:
 its lifeline is kept, no follower takes over early, and its lease expires
@@ -104,6 +107,10 @@ TAKEOVER_WAIT = GRACE + KILL_ALLOWANCE
 POLL_EVERY = 0.05
 #: Seconds before a holder whose lifeline could not be opened or ended tries a new one.
 REOPEN_AFTER = 1.0
+#: Seconds a lease manager waits at its start for the first confirmation of its process's
+#: lifeline before it competes: a term is tied only to a lifeline confirmed when it is
+#: acquired, and a worker's first term is often its longest.
+OPEN_WAIT = 1.0
 
 
 Callback = Callable[[], None]

@@ -60,7 +60,12 @@ from celery_leader import clock as lease_clock
 from celery_leader._masking import mask_text
 from celery_leader.exceptions import StoreAuthError, StoreError
 from celery_leader.lease.bounded import BoundedCaller, store_call
-from celery_leader.lease.lifeline import TAKEOVER_WAIT, HolderLifeline, LifelineMonitor
+from celery_leader.lease.lifeline import (
+    OPEN_WAIT,
+    TAKEOVER_WAIT,
+    HolderLifeline,
+    LifelineMonitor,
+)
 from celery_leader.lease.timing import LeaseTiming
 from celery_leader.stores.base import (
     AcquireResult,
@@ -459,6 +464,10 @@ class LeaseManager:
             # leader waits for its lease): give the lifeline a moment to come up first.
             self._lifeline.wait_opened(LIFELINE_START_WAIT)
         try:
+            if self._lifeline is not None and not self._stopping:
+                # Only a term acquired while the lifeline is confirmed is tied to it: without
+                # this wait a worker's first term, often its longest, has no fast failover.
+                self._lifeline.wait_opened(OPEN_WAIT)
             while not self._stopping:
                 self._wake.clear()
                 try:
@@ -622,7 +631,13 @@ class LeaseManager:
         if self._lifeline is not None:
             key = self._lifeline.key()
             if key != self._holder.lifeline:
-                self._holder = replace(self._holder, lifeline=key)
+                # A lease id goes out with one lifeline key only. An attempt that timed out
+                # may still reach the store after a later one that won: with the same lease
+                # id it would be granted again, and the store would record a key this term
+                # is not bounded by (a follower that saw that key end would take over while
+                # this holder still leads). With a new id it is refused; at worst an attempt
+                # applied after its caller gave up is not adopted, and expires.
+                self._holder = replace(self._holder, lifeline=key, lease_id=uuid.uuid4().hex)
         dead = self._dead_holder()
         if isinstance(dead, float):
             return dead
@@ -731,10 +746,12 @@ class LeaseManager:
                 return 0.0
             now = self._clock()
         if held.elected_at is None and now >= held.hold_until:
-            if now >= held.valid_until:
-                # A renewal whose reply came after validity ended (a pause
-                # mid-call): the term is over before it began. Never elect it.
-                self._lose(LossReason.EXPIRED)
+            if now >= held.valid_until or self._lifeline_ended(held):
+                # A renewal whose reply came after validity ended (a pause mid-call), or
+                # while the term's lifeline ended (a follower may take it over and lead):
+                # the term is over before it began. Never elect it.
+                if self._held is held:
+                    self._lose(LossReason.EXPIRED)
                 return 0.0
             self._elect(held, now)
         wake_at = min(held.next_renew_at, held.valid_until)

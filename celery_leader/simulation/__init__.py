@@ -30,8 +30,13 @@ Modules, one job each:
 * :mod:`.process`: a worker process with several elections (a node each)
   and the real balancer that spreads them, on the member list of
   :mod:`.presence`;
+* :mod:`.lifelines`: with ``--lifelines``, the server's lifelines and each
+  process's real lifeline and monitor, on threads of their own; followers
+  take over a holder whose lifeline ended; :mod:`.failover`: failover
+  times after the leader's process is killed, with and without;
 * :mod:`.faults`: what a seed suffers, drawn before its run (the store's
-  faults from the store's menu);
+  faults from the store's menu; with lifelines, also admin kills of a
+  lifeline's connection and partitions of the leader's process);
 * :mod:`.checker`: the invariants;
 * :mod:`.world`: one seed, wired; :mod:`.runner`: many seeds on every core;
   :mod:`.cli`: the command line.
@@ -59,6 +64,14 @@ node's call is nested in it (by at most that call's timeout per level): a
 thread scheduled late, which the manager must tolerate. A node is paused
 only when that cannot hold up the calls of others (else its pause starts
 after its step), so that a pause means a pause of that node alone.
+
+With lifelines (``--lifelines``, another run of each seed; not for etcd,
+whose leases end only by revoke or ttl), every process also runs the real
+:class:`~celery_leader.lease.lifeline.HolderLifeline` and
+:class:`~celery_leader.lease.lifeline.LifelineMonitor`, and the checker
+also fails a take-over of a lifeline the server still keeps (a paused
+holder's). The assumption added is the lifeline rule's: the watchdog
+ends a run within its allowance past the validity the lifeline bounds.
 
 What is not modelled: the BoundedCaller's limit on abandoned calls, the
 consumer and the broker (the gate admits runs directly), the parent's kill

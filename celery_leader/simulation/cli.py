@@ -5,7 +5,11 @@ line ``N seeds, V violations``; the exit status is 0 only when V is 0. Each
 failing seed prints its violation and the last events before it, and
 replays exactly with ``--seed S`` (and the same ``--store``). ``--store``
 picks the modelled store (see :mod:`.models`): ``redis`` (the default),
-``sentinel``, ``postgres`` or ``etcd``.
+``sentinel``, ``postgres`` or ``etcd``. ``--lifelines`` gives every process
+a lifeline and lets followers take over a holder whose lifeline ended (see
+:mod:`.lifelines`; not with etcd). ``--failover [N]`` prints, instead, the
+failover times after the leader's process is killed, with and without
+lifelines, over N seeds (see :mod:`.failover`).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from celery_leader.simulation.failover import report
 from celery_leader.simulation.model_store import Broken
 from celery_leader.simulation.models import DEFAULT, STORES, check_broken
 from celery_leader.simulation.runner import run_seeds
@@ -20,6 +25,8 @@ from celery_leader.simulation.world import SeedResult, quiet_loggers, simulate
 
 #: Failing seeds printed in full; the rest are listed by number.
 SHOWN = 5
+#: Seeds ``--failover`` measures when it is given no number.
+FAILOVER_SEEDS = 200
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,17 +67,32 @@ def _parser() -> argparse.ArgumentParser:
         default=1,
         help="elections per node, balanced over the nodes and judged one by one (default 1)",
     )
+    parser.add_argument(
+        "--lifelines",
+        action="store_true",
+        help="every process has a lifeline, and followers take over a holder whose lifeline "
+        "ended; with faults that end lifelines (other runs of the same seeds)",
+    )
+    parser.add_argument(
+        "--failover",
+        type=int,
+        nargs="?",
+        const=FAILOVER_SEEDS,
+        metavar="N",
+        help="print the failover times after the leader's process is killed, without and "
+        f"with lifelines, over N seeds (default {FAILOVER_SEEDS}), and nothing else",
+    )
     # Not part of the contract: a store or kill layer that is wrong on purpose, to see the
     # checker fail.
     parser.add_argument("--broken", choices=[mode.value for mode in Broken], help=argparse.SUPPRESS)
     return parser
 
 
-def _show(
-    result: SeedResult, broken: Broken | None, elections: int, store: str, gaps: bool
-) -> None:
+def _show(result: SeedResult, broken: Broken | None, args: argparse.Namespace) -> None:
+    elections, store, gaps, lifelines = args.elections, args.store, args.with_gaps, args.lifelines
     extra = f" --store {store}" if store != DEFAULT else ""
     extra += " --with-gaps" if gaps else ""
+    extra += " --lifelines" if lifelines else ""
     extra += f" --broken {broken.value}" if broken is not None else ""
     if elections > 1:
         extra += f" --elections {elections}"
@@ -89,10 +111,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     broken = Broken(args.broken) if args.broken else None
     try:
-        check_broken(args.store, broken)
+        check_broken(args.store, broken, lifelines=args.lifelines or args.failover is not None)
     except ValueError as exc:
         print(exc)
         return 2
+    if args.failover is not None:
+        print(report(range(args.first, args.first + args.failover), store=args.store))
+        return 0
     if args.seed is not None:
         with quiet_loggers():
             result = simulate(
@@ -104,9 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 elections=args.elections,
                 store=args.store,
                 gaps=args.with_gaps,
+                lifelines=args.lifelines,
             )
         if result.violation is not None:
-            _show(result, broken, args.elections, args.store, args.with_gaps)
+            _show(result, broken, args)
         else:
             print(f"seed {result.seed}: ok ({result.plan}; {result.terms} terms)")
             for line in result.trace:
@@ -122,9 +148,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         elections=args.elections,
         store=args.store,
         gaps=args.with_gaps,
+        lifelines=args.lifelines,
     )
     for result in summary.failures[:SHOWN]:
-        _show(result, broken, args.elections, args.store, args.with_gaps)
+        _show(result, broken, args)
     rest = summary.failures[SHOWN:]
     if rest:
         print(f"{len(rest)} more failing seeds: " + " ".join(str(r.seed) for r in rest))

@@ -26,7 +26,12 @@ of every kind do), how the network behaves, and a list of timed faults:
   say the term's work still runs (no release);
 * work (:class:`~.pool.WorkProfile`): how often leaders start runs, how long
   runs last (some for several ttls), and pool children stopped in the
-  middle of writing their run-table slot.
+  middle of writing their run-table slot;
+* with lifelines (:mod:`.lifelines`), drawn after all of the above (so the
+  rest of a seed's plan is what it is without them): crashes, pauses,
+  partitions of the leader's process, and admin kills of its lifeline
+  connection (its holder told, or not), each aimed at whichever process
+  holds the lease when it comes.
 
 The assumptions the checker relies on are kept: the store honours its ttl,
 it notices whenever other data comes to lie under the lease (unless a broken
@@ -82,6 +87,10 @@ class Kind(enum.Enum):
     NEW_CLUSTER = "snapshot restored into a new cluster"
     #: etcd: another member becomes leader (every lease gets its full TTL again).
     LEADER_CHANGE = "etcd leader change"
+    #: With lifelines: an admin kills a process's lifeline connections at the server.
+    ADMIN_KILL = "lifeline killed by an admin"
+    #: A process is cut off from the store (its requests, replies and notifications lost).
+    PARTITION = "partition"
 
 
 #: Faults after which the store holds other data than the last written (or none): the
@@ -180,9 +189,15 @@ class Fault:
     #: How long it lasts: a pause, a restart's downtime, a liveness failure.
     duration: float = 0.0
     #: STORE_RESTORE: how old the snapshot is (s). STOP/CRASH: restart after (s).
-    #: STORE_CLOCK_BACK: how far the store's clock steps back (s).
+    #: STORE_CLOCK_BACK: how far the store's clock steps back (s). PARTITION: after how
+    #: long the server's keepalive drops the process's lifeline (s; 0: it keeps it).
     age: float = 0.0
     release: bool = True
+    #: A node fault aimed at the process that holds the lease when it comes (the
+    #: slot's when none does); else at the slot's process.
+    leader: bool = False
+    #: ADMIN_KILL: the holder never hears of it (its confirmations go unanswered).
+    silent: bool = False
 
 
 @dataclass(frozen=True)
@@ -209,7 +224,8 @@ class Plan:
         """One line: what this seed does."""
         kinds: dict[str, int] = {}
         for fault in self.faults:
-            kinds[fault.kind.value] = kinds.get(fault.kind.value, 0) + 1
+            kind = fault.kind.value + (" of the leader" if fault.leader else "")
+            kinds[kind] = kinds.get(kind, 0) + 1
         parts = [f"{len(self.nodes)} nodes, {self.duration:.0f} s"]
         parts += [f"{count} x {kind}" for kind, count in kinds.items()]
         net = self.network
@@ -270,6 +286,72 @@ def _store_faults(
     return faults
 
 
+#: With lifelines, the share of seeds whose leader crashes (the fast path's main case).
+LEADER_CRASH_ON = 0.7
+#: With lifelines: the share of admin kills whose news the holder never gets, of
+#: partitions after which the server's keepalive drops the lifeline, of partitions aimed
+#: at the leader (the rest hit a slot's process), and of short leader pauses.
+SILENT_KILL = 0.5
+KEEPALIVE_DROPS = 0.5
+PARTITION_OF_LEADER = 0.7
+SHORT_PAUSE = 0.5
+#: With lifelines, the shares of slow, lost and late messages are this much of what the seed drew.
+LIFELINE_TROUBLE_SHARE = 0.1
+
+
+def _lifeline_faults(
+    rng: random.Random, times: Callable[[int], list[float]], ttl: float, count: int
+) -> list[Fault]:
+    """The faults aimed at the leader's lifeline (each kind on in a share of the seeds).
+
+    Crashes (the server drops the lifeline at once); admin kills of its
+    connection, the holder told or not; partitions of its process, after
+    which the server's keepalive drops the lifeline or not; pauses (SIGSTOP:
+    the lifeline is kept), short and longer than a ttl.
+    """
+    faults: list[Fault] = []
+    if rng.random() < LEADER_CRASH_ON:
+        faults += [
+            Fault(
+                t, Kind.CRASH, slot=rng.randrange(count), age=rng.uniform(0.1, ttl * 2), leader=True
+            )
+            for t in times(2)
+        ]
+    if rng.random() < KIND_ON:
+        faults += [
+            Fault(
+                t,
+                Kind.ADMIN_KILL,
+                slot=rng.randrange(count),
+                leader=True,
+                silent=rng.random() < SILENT_KILL,
+            )
+            for t in times(3)
+        ]
+    if rng.random() < KIND_ON:
+        for t in times(2):
+            cut = rng.uniform(0.05, ttl * 2)
+            dropped = rng.uniform(0.0, cut) if rng.random() < KEEPALIVE_DROPS else 0.0
+            faults.append(
+                Fault(
+                    t,
+                    Kind.PARTITION,
+                    slot=rng.randrange(count),
+                    duration=cut,
+                    age=dropped,
+                    leader=rng.random() < PARTITION_OF_LEADER,
+                )
+            )
+    if rng.random() < KIND_ON:
+        for t in times(2):
+            short = rng.random() < SHORT_PAUSE
+            pause = rng.uniform(0.05, 0.5) if short else rng.uniform(ttl, ttl * 2)
+            faults.append(
+                Fault(t, Kind.NODE_PAUSE, slot=rng.randrange(count), duration=pause, leader=True)
+            )
+    return faults
+
+
 def draw(
     rng: random.Random,
     timing: LeaseTiming,
@@ -277,8 +359,12 @@ def draw(
     store: str = "redis",
     nodes: tuple[int, int] = (3, 5),
     duration: tuple[float, float] = (30.0, 45.0),
+    lifelines: bool = False,
 ) -> Plan:
-    """Draw one seed's plan from *rng*, with the faults *store* can suffer (see :data:`MENUS`)."""
+    """Draw one seed's plan from *rng*, with the faults *store* can suffer (see :data:`MENUS`).
+
+    With *lifelines*, the faults that end lifelines too (:func:`_lifeline_faults`).
+    """
     menu = MENUS[store]
     ttl = timing.ttl
     length = rng.uniform(*duration)
@@ -314,6 +400,19 @@ def draw(
         late=rng.uniform(0.0, 0.05) if on() else 0.0,
         late_max=ttl * 1.5,
     )
+    if lifelines:
+        # A confirmation that is lost, or slower than GRACE, ends a lifeline: with lost and
+        # slow messages as common as without lifelines, lifelines would hardly stay up and
+        # the fast path would go unexercised. Scaled after the draw, so the rest of the plan
+        # draws the same.
+        share = LIFELINE_TROUBLE_SHARE
+        network = replace(
+            network,
+            slow=network.slow * share,
+            loss_request=network.loss_request * share,
+            loss_reply=network.loss_reply * share,
+            late=network.late * share,
+        )
     faults: list[Fault] = []
     for kind in menu.kinds:
         if on():
@@ -365,6 +464,8 @@ def draw(
     )
     if on():  # drawn after the rest: earlier seeds keep what they drew
         work = replace(work, die_mid_write=rng.uniform(0.02, 0.2))
+    if lifelines:
+        faults += _lifeline_faults(rng, times, ttl, count)
     if menu.restarts_apart:
         faults = _apart(faults)
     faults.sort(key=lambda fault: fault.at)

@@ -28,6 +28,12 @@ Lua scripts and its safety statement):
   the new lease end, release records 0 and announces the release to
   watchers. Neither records the epoch: a late one applied to restored data
   must not make that data look current.
+* **take_over** (with lifelines, :mod:`.lifelines`): compare-and-set on the
+  live lease's token and lifeline key, as the follower read them; on a match
+  the lease is granted as an acquire of a free lease would be (the token and
+  hold-off rules apply), and the new term keeps what is left of the dead
+  term's hold-off; otherwise it answers as ``acquire``. Every lease record
+  carries its holder's lifeline key.
 * **Epoch**: the incarnation of the data (Redis: the server's run id, its
   replication id and the count of commands that replace data in place). It
   is not part of the data, so no copy of the data brings an old one back.
@@ -95,7 +101,7 @@ class Broken(str, enum.Enum):
     #: kill layers skip it, so the next terminate runs there outlive their term.
     TORN_SLOT_HIDES_RUNS = "torn-slot-hides-runs"
     #: With several elections: a balancer that moves an election by taking its lease for
-    #: the planned worker at once (:meth:`ModelStore.take_over`), before the old holder
+    #: the planned worker at once (:meth:`ModelStore.take_early`), before the old holder
     #: released it, instead of waiting for the holder's hand-over.
     BALANCER_TAKES_EARLY = "balancer-takes-early"
     #: Sentinel: a failover to a replica that missed the last writes keeps the epoch
@@ -111,10 +117,19 @@ class Broken(str, enum.Enum):
     #: etcd: the lease's TTL rounded down to whole seconds instead of up: the server ends
     #: a lease before the holder's reckoning of it does.
     ETCD_TTL_ROUNDED_DOWN = "etcd-ttl-rounded-down"
+    #: With lifelines: a follower takes over as soon as a reading showed the holder's
+    #: lifeline gone (no TAKEOVER_WAIT), while the holder's work may still run for GRACE.
+    TAKEOVER_WITHOUT_WAIT = "takeover-without-wait"
+    #: With lifelines: the holder does not bound its validity by its lifeline (only by the
+    #: lease), so a holder that does not hear its lifeline end (paused, cut off, crashed
+    #: with its work view published) may act after a follower took over.
+    LIFELINE_UNBOUNDED = "lifeline-unbounded"
 
 
 #: Broken variants of the worker, not of a store: every model takes them.
 WORKER_BREAKS = frozenset({Broken.TORN_SLOT_HIDES_RUNS})
+#: Broken variants of the worker's lifeline rule: only with lifelines (every model that has them).
+LIFELINE_BREAKS = frozenset({Broken.TAKEOVER_WITHOUT_WAIT, Broken.LIFELINE_UNBOUNDED})
 
 
 @dataclass(frozen=True)
@@ -127,6 +142,8 @@ class Lease:
     acquired_at: float
     expires_at: float
     hold_until: float
+    #: The key of the holder's lifeline the term is tied to (empty: none).
+    lifeline: str = ""
 
 
 @dataclass(frozen=True)
@@ -154,6 +171,8 @@ GrantHook = Callable[[int, str, float], None]
 Schedule = Callable[[float, Callable[[], None]], None]
 #: Where a model writes its trace lines: (message, arguments).
 Log = Callable[[str, tuple[object, ...]], None]
+#: Called on every take-over that matched: the key of the lifeline taken over.
+TakeOverHook = Callable[[str], None]
 
 D = TypeVar("D")
 
@@ -178,6 +197,8 @@ class LeaseModel(abc.ABC, Generic[D]):
     ttl: ClassVar[float] = 3.0
     #: The broken variants this model implements (see :class:`Broken`).
     breaks: ClassVar[frozenset[Broken]]
+    #: The model has lifelines and takes over a dead holder's term (:meth:`take_over`).
+    has_lifelines: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -202,6 +223,8 @@ class LeaseModel(abc.ABC, Generic[D]):
         self.on_grant: GrantHook | None = None
         #: Set by the simulation: told about every release (to notify watchers).
         self.on_release: Callable[[], None] | None = None
+        #: Set by the simulation with lifelines: told about every take-over that matched.
+        self.on_take_over: TakeOverHook | None = None
         #: Set by the simulation for models that act by themselves (see :data:`Schedule`).
         self.schedule: Schedule | None = None
         self._labels: dict[str, str] = {}
@@ -285,6 +308,12 @@ class LeaseModel(abc.ABC, Generic[D]):
     def holds(self, lease_id: str) -> bool:
         """True while *lease_id* holds the live lease."""
 
+    def take_over(
+        self, name: str, holder: Holder, ttl: float, dead: LeaseRecord, min_token: int = 0
+    ) -> AcquireResult:
+        """The lifeline fast path (:class:`~celery_leader.stores.base.Lifelines`); not here."""
+        raise NotImplementedError(f"the {self.name} model has no lifelines")
+
     def get_state(self, name: str) -> dict[str, str]:
         """Not modelled (the lease manager never uses it): always empty."""
         return {}
@@ -345,13 +374,18 @@ class ModelStore(LeaseModel[Data]):
     # It models the Redis store, so it claims what that store claims.
     capabilities: ClassVar[frozenset[Capability]] = RedisLeaseStore.capabilities
     ttl_range: ClassVar[tuple[float | None, float | None]] = RedisLeaseStore.ttl_range
-    breaks: ClassVar[frozenset[Broken]] = WORKER_BREAKS | {
-        Broken.SNAPSHOT_KEEPS_EPOCH,
-        Broken.NO_HOLD_OFF,
-        Broken.COUNTER_ONLY_TOKENS,
-        Broken.CLOCK_ONLY_TOKENS,
-        Broken.BALANCER_TAKES_EARLY,
-    }
+    breaks: ClassVar[frozenset[Broken]] = (
+        WORKER_BREAKS
+        | LIFELINE_BREAKS
+        | {
+            Broken.SNAPSHOT_KEEPS_EPOCH,
+            Broken.NO_HOLD_OFF,
+            Broken.COUNTER_ONLY_TOKENS,
+            Broken.CLOCK_ONLY_TOKENS,
+            Broken.BALANCER_TAKES_EARLY,
+        }
+    )
+    has_lifelines: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -397,7 +431,6 @@ class ModelStore(LeaseModel[Data]):
     def acquire(self, name: str, holder: Holder, ttl: float, min_token: int = 0) -> AcquireResult:
         """ACQUIRE_LUA: take the lease when free or ours; see the module docstring."""
         now = self._clock()
-        data = self.data
         current = self._live(now)
         who = self.label(holder.lease_id, holder.nodename)
         if current is not None and current.lease_id != holder.lease_id:
@@ -408,6 +441,29 @@ class ModelStore(LeaseModel[Data]):
                 retry_in=current.expires_at - now,
             )
         own_hold_until = current.hold_until if current is not None else 0.0
+        return self._grant(
+            holder,
+            ttl,
+            min_token=min_token,
+            now=now,
+            present=current is not None,
+            own_hold_until=own_hold_until,
+            who=who,
+        )
+
+    def _grant(
+        self,
+        holder: Holder,
+        ttl: float,
+        *,
+        min_token: int,
+        now: float,
+        present: bool,
+        own_hold_until: float,
+        who: str,
+    ) -> AcquireResult:
+        """Grant the lease to *holder* (the acquire script's second half)."""
+        data = self.data
         meta = data.meta
         restarted_at = self.restarted_since(meta.epoch) if meta is not None else None
         forgot = rules.store_forgot(
@@ -416,7 +472,7 @@ class ModelStore(LeaseModel[Data]):
             # it is the same data's server, restarted).
             data_replaced=meta is None or (meta.epoch != self.epoch and restarted_at is None),
             vanished_early=rules.lease_vanished_early(
-                current is not None, meta.lease_end if meta is not None else 0.0, now
+                present, meta.lease_end if meta is not None else 0.0, now
             ),
         )
         holds_off = self.broken is not Broken.NO_HOLD_OFF
@@ -434,7 +490,9 @@ class ModelStore(LeaseModel[Data]):
             token = now_us
         else:
             token = rules.next_token(data.counter, now_us, min_token)
-        lease = Lease(holder.lease_id, holder.nodename, token, now, now + ttl, hold_until)
+        lease = Lease(
+            holder.lease_id, holder.nodename, token, now, now + ttl, hold_until, holder.lifeline
+        )
         self._set(Data(lease, token, Meta(self.epoch, now + ttl)))
         self._say("acquire by %s granted: token %d, hold-off %.3f", who, token, hold_off)
         if self.on_grant is not None:
@@ -456,7 +514,48 @@ class ModelStore(LeaseModel[Data]):
         """
         return None
 
-    def take_over(self, name: str, holder: Holder, ttl: float) -> AcquireResult:
+    def take_over(
+        self, name: str, holder: Holder, ttl: float, dead: LeaseRecord, min_token: int = 0
+    ) -> AcquireResult:
+        """Take the lease of the term *dead* (its lifeline was seen ended); see the docstring.
+
+        Compare-and-set on the live lease's token and lifeline key: on a
+        match, granted as an acquire of a free lease would be (none vanished
+        early), keeping what is left of the dead term's hold-off, as a holder
+        re-acquiring its own lease keeps its own; otherwise :meth:`acquire`.
+        """
+        now = self._clock()
+        current = self._live(now)
+        if (
+            current is None
+            or not dead.lifeline
+            or (current.token, current.lifeline) != (dead.token, dead.lifeline)
+        ):
+            return self.acquire(name, holder, ttl, min_token)
+        who = self.label(holder.lease_id, holder.nodename)
+        self._say(
+            "take-over by %s of %s (token %d, lifeline %s)",
+            who,
+            self.label(current.lease_id),
+            current.token,
+            current.lifeline,
+        )
+        if self.on_take_over is not None:
+            self.on_take_over(dead.lifeline)
+        # The lease is there (nothing vanished). A term taken over in its hold-off passes
+        # the rest of it on: it holds off because a holder the store forgot may still act,
+        # and that holder is still out there (the dead one never acted).
+        return self._grant(
+            holder,
+            ttl,
+            min_token=min_token,
+            now=now,
+            present=True,
+            own_hold_until=current.hold_until,
+            who=who,
+        )
+
+    def take_early(self, name: str, holder: Holder, ttl: float) -> AcquireResult:
         """Grant the lease to *holder* even while another holds it (no hold-off).
 
         Only :attr:`Broken.BALANCER_TAKES_EARLY` calls it: no store of the
@@ -525,6 +624,7 @@ class ModelStore(LeaseModel[Data]):
             acquired_at=lease.acquired_at,
             expires_in=lease.expires_at - now,
             hold_off=max(0.0, lease.hold_until - now),
+            lifeline=lease.lifeline,
         )
 
     # -- faults -------------------------------------------------------------------

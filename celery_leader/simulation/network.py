@@ -19,7 +19,9 @@ A store call of node A at real time ``t`` (see :meth:`Network.call`):
 
 A call can return later than its reply when another node's call is nested
 inside it (at most that call's timeout later, per level of nesting): that is
-a thread scheduled late, which the manager must tolerate.
+a thread scheduled late, which the manager must tolerate. A
+:class:`SuspendingThread` (the lifeline threads) waits by suspending
+instead: its calls run nothing nested, so they never make another call late.
 
 Release notifications (Redis pub/sub, PostgreSQL ``NOTIFY``, etcd's watch,
 which also reports an expiry) travel the same way: at most once, with the
@@ -28,6 +30,13 @@ reply delay, to every watch that is up.
 A store whose processes keep something across calls (etcd: the highest
 revision seen, see :class:`CallWitness`) makes its calls through that: it
 sees each reply that reaches its caller.
+
+With lifelines (:mod:`.lifelines`) there is more: a one-way message
+(:meth:`Network.send`: a connection closed, whose FIN the server reads),
+a request the server never answers (:class:`NoReply`: a connection the
+server dropped without its client hearing of it), and a partition of one
+process (:meth:`Network.cut`): while it lasts, its requests and the replies
+and notifications to it are lost.
 """
 
 from __future__ import annotations
@@ -82,20 +91,57 @@ class CallWitness(Protocol):
         """Make the call through *network* (as :meth:`Network.call`), seeing its reply."""
 
 
+class SuspendingThread:
+    """A caller with a stack of its own (:class:`~.lifelines.StepThread` is one).
+
+    It waits for a call's outcome by suspending, and the world goes on
+    outside it, instead of running the world nested inside its call: a
+    call of such a thread never makes another caller's call return late.
+    """
+
+    name: str
+    rate: float
+    paused_until: float
+
+    def suspend(self) -> None:
+        """Give control back to the world until :meth:`resume`."""
+        raise NotImplementedError
+
+    def resume(self) -> None:
+        """Continue after :meth:`suspend` (from an event of the world)."""
+        raise NotImplementedError
+
+
 class _Pending:
     """One call in flight: its outcome, once a reply or the timeout decided it."""
 
-    __slots__ = ("decided", "error", "timed_out", "value")
+    __slots__ = ("decided", "error", "resume", "timed_out", "value")
 
     def __init__(self) -> None:
         self.decided = False
         self.timed_out = False
         self.value: Any = None
         self.error: BaseException | None = None
+        #: Continues a suspended caller once decided (None: the caller runs the world).
+        self.resume: Callable[[], None] | None = None
 
 
 class _StoreDownError(StoreError):
     """The store is restarting: connection refused."""
+
+
+class ProcessKilled(BaseException):
+    """The caller's process was killed while its call was out: its thread ends here.
+
+    Raised to a caller that has ``killed`` set (a node of a run with
+    lifelines, see :meth:`.node.Node.request_crash`) when its call returns;
+    a BaseException, so that no ``except Exception`` of the code under test
+    lets the dead thread go on.
+    """
+
+
+class NoReply(Exception):  # noqa: N818 - not an error of the caller: the server stays silent
+    """Raised by a store operation that sends no reply at all (the caller times out)."""
 
 
 class Network:
@@ -122,6 +168,8 @@ class Network:
         self._queued: list[Callable[[], None]] = []
         #: The nodes inside a call, outermost first (the nesting of the scheduler).
         self.callers: list[Caller] = []
+        #: Callers partitioned from the store, and until when (real time).
+        self._cut: dict[object, float] = {}
 
     def delay(self) -> float:
         """One message's one-way delay."""
@@ -138,7 +186,10 @@ class Network:
         copies = 0 if p.loss_request and rng.random() < p.loss_request else 1
         if copies and p.duplicate and rng.random() < p.duplicate:
             copies = 2
-        if not copies:
+        if copies and self.is_cut(node):
+            copies = 0
+            self.trace.add(now, node.name, "%s request lost (partitioned)", what)
+        elif not copies:
             self.trace.add(now, node.name, "%s request lost", what)
         for copy in range(copies):
             delay = self.delay()
@@ -149,18 +200,61 @@ class Network:
             sched.at(now + delay, lambda: self._arrive(node, pending, fn, what))
         # The caller's wait is measured on its own clock.
         sched.at(now + max(timeout, 0.0) / node.rate, lambda: _time_out(pending), node)
-        self.callers.append(node)
-        try:
-            while not pending.decided:
-                sched.run_one()
-        finally:
-            self.callers.pop()
+        self._wait(node, pending)
         if pending.timed_out:
             self.trace.add(sched.now, node.name, "%s timed out", what)
             raise StoreCallTimeoutError(f"{what} timed out after {timeout:.3g} s")
         if pending.error is not None:
             raise pending.error
         return pending.value
+
+    def _wait(self, node: Caller, pending: _Pending) -> None:
+        """Until *pending* is decided: suspended, or running the world nested (see above)."""
+        if isinstance(node, SuspendingThread):
+            pending.resume = node.resume
+            node.suspend()  # the world goes on; the reply or the timeout resumes it
+            return
+        self.callers.append(node)
+        try:
+            while not pending.decided:
+                self.sched.run_one()
+        finally:
+            self.callers.pop()
+        if getattr(node, "killed", False):  # only nodes are ever killed mid-call
+            raise ProcessKilled
+
+    def send(self, node: Owner, fn: Callable[[], None], what: str) -> None:
+        """A one-way message from *node* (a connection closed): *fn* runs at the store.
+
+        It travels as a request does (delay, a paused store queues it), is
+        lost while *node* is partitioned, and is moot while the store is
+        down (its connections died with it). It is never lost otherwise: a
+        FIN is retransmitted until it arrives.
+        """
+        now = self.sched.now
+        if self.is_cut(node):
+            self.trace.add(now, getattr(node, "name", "?"), "%s lost (partitioned)", what)
+            return
+
+        def arrive() -> None:
+            if self.sched.now < self.store_paused_until:
+                self._queued.append(deliver)
+            else:
+                deliver()
+
+        def deliver() -> None:
+            if not self.store_down:
+                fn()
+
+        self.sched.at(now + self.delay(), arrive)
+
+    def cut(self, node: object, until: float) -> None:
+        """Partition *node* from the store until real time *until*."""
+        self._cut[node] = max(self._cut.get(node, 0.0), until)
+
+    def is_cut(self, node: object) -> bool:
+        """True while *node* is partitioned from the store."""
+        return bool(self._cut) and self.sched.now < self._cut.get(node, 0.0)
 
     def holds_up_others(self, node: Caller) -> bool:
         """True when *node* is inside a call that other nodes' calls are nested under.
@@ -210,11 +304,16 @@ class Network:
         else:
             try:
                 value = fn()
+            except NoReply:
+                return
             except Exception as exc:  # noqa: BLE001 - the reply carries it to the caller
                 error = exc
         p, rng = self.profile, self.rng
         if p.loss_reply and rng.random() < p.loss_reply:
             self.trace.add(self.sched.now, node.name, "%s reply lost", what)
+            return
+        if self.is_cut(node):
+            self.trace.add(self.sched.now, node.name, "%s reply lost (partitioned)", what)
             return
         self.sched.at(self.sched.now + self.delay(), lambda: _deliver(pending, value, error), node)
 
@@ -223,18 +322,24 @@ class Network:
         p, rng = self.profile, self.rng
         if p.loss_reply and rng.random() < p.loss_reply:
             return
+        if self.is_cut(node):
+            return
         self.sched.at(self.sched.now + self.delay(), callback, node)
 
 
 def _time_out(pending: _Pending) -> None:
     if not pending.decided:
         pending.decided = pending.timed_out = True
+        if pending.resume is not None:
+            pending.resume()
 
 
 def _deliver(pending: _Pending, value: Any, error: BaseException | None) -> None:
     if not pending.decided:  # a late or duplicate reply nobody waits for is dropped
         pending.decided = True
         pending.value, pending.error = value, error
+        if pending.resume is not None:
+            pending.resume()
 
 
 class WatchEntry:
@@ -291,6 +396,12 @@ class StoreClient:
     def read(self, name: str) -> LeaseRecord | None:
         """See :meth:`LeaseModel.read`."""
         return self._store.read(name)
+
+    def take_over(
+        self, name: str, holder: Holder, ttl: float, dead: LeaseRecord, min_token: int = 0
+    ) -> AcquireResult:
+        """See :meth:`LeaseModel.take_over` (with lifelines, see :mod:`.lifelines`)."""
+        return self._store.take_over(name, holder, ttl, dead, min_token)
 
     def get_state(self, name: str) -> dict[str, str]:
         """See :meth:`LeaseModel.get_state`."""

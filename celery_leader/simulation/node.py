@@ -28,7 +28,10 @@ do not wait for it.
 
 Stop, step-down and crash are requests from outside the thread: a node that
 is inside a step (waiting for a store call) takes them when the step
-returns, as the real thread would at its next loop turn.
+returns, as the real thread would at its next loop turn. With lifelines a
+crash is taken when the call returns instead (the rest of the step never
+runs): the process's death is what its followers act on, within a fraction
+of a second, and a step that went on after it would act for a dead process.
 """
 
 from __future__ import annotations
@@ -41,8 +44,15 @@ from typing import Any
 from celery_leader.elections.election import Election
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.lease import LeaseEvent, Term
+from celery_leader.lease.lifeline import OPEN_WAIT, HolderLifeline, LifelineMonitor
 from celery_leader.lease.timing import LeaseTiming
-from celery_leader.simulation.network import CallWitness, Network, StoreClient, WatchEntry
+from celery_leader.simulation.network import (
+    CallWitness,
+    Network,
+    ProcessKilled,
+    StoreClient,
+    WatchEntry,
+)
 from celery_leader.simulation.pool import Judge, Pool, WorkProfile
 from celery_leader.simulation.scheduler import Scheduler
 from celery_leader.simulation.trace import Trace
@@ -114,8 +124,14 @@ class Node:
         client_factory: Callable[[Node, list[WatchEntry]], StoreClient] | None = None,
         acquire_delay: Callable[[], float] | None = None,
         witness: CallWitness | None = None,
+        lifeline: HolderLifeline | None = None,
+        lifelines: LifelineMonitor | None = None,
+        dies_at_once: bool = False,
     ) -> None:
         self.name = name
+        #: Killed while inside a store call (see :meth:`request_crash`).
+        self.killed = False
+        self._dies_at_once = dies_at_once
         #: The election (its lease name) this node competes in.
         self.election_name = election
         self.slot = slot
@@ -142,6 +158,12 @@ class Node:
         self._stop_pending: bool | None = None  # release flag of a requested stop
         self._crash_pending = False
         self._pause_pending = 0.0
+        #: Waiting for the lifeline's first confirmation before the first step.
+        self._waiting = False
+        #: Called once the thread ended by a stop (the process exits after its last one).
+        self.on_exit: Callable[[], None] | None = None
+        #: The process's lifeline (:mod:`.lifelines`), which every term is tied to; or None.
+        self._lifeline = lifeline
         self.watches: list[WatchEntry] = []
         self.client = (
             StoreClient(network, self, self.watches)
@@ -183,6 +205,8 @@ class Node:
             event_factory=lambda: WakeEvent(self.wake),
             call=self._call,
             acquire_delay=acquire_delay,
+            lifeline=lifeline,
+            lifelines=lifelines,
         )
         self.shared = self.election.shared
         self.manager = self.election.manager
@@ -236,10 +260,34 @@ class Node:
 
         def begin() -> None:
             self._trace.add(self._sched.now, self.name, "starts (clock rate %.5f)", self.rate)
-            self.manager._open_watch()  # the thread's first action (LeaseManager._run)
-            self._schedule(self._sched.now)
+            self.manager._open_watch()  # the thread's first actions (LeaseManager._run)
+            lifeline = self._lifeline
+            if lifeline is None or lifeline.wait_opened(0):
+                if lifeline is not None:
+                    lifeline.add_listeners(ended=self.manager._on_own_lifeline_ended)
+                self._schedule(self._sched.now)
+                return
+            lifeline.add_listeners(ended=self.manager._on_own_lifeline_ended)
+            self._wait_for_lifeline(lifeline)
 
         self._sched.at(at, begin, self)
+
+    def _wait_for_lifeline(self, lifeline: HolderLifeline) -> None:
+        """LeaseManager._run: the first step after the first confirmation, or OPEN_WAIT.
+
+        Wake-ups meanwhile (the watch's first call-back) change nothing: the
+        thread clears its wake event after the wait.
+        """
+        self._waiting = True
+
+        def go() -> None:
+            lifeline.remove_listeners(confirmed=go)
+            if self._waiting:
+                self._waiting = False
+                self.wake()
+
+        lifeline.add_listeners(confirmed=go)
+        self._sched.at(self._sched.now + OPEN_WAIT / self.rate, go, self)
 
     def _schedule(self, at: float) -> None:
         self._gen += 1
@@ -248,7 +296,7 @@ class Node:
 
     def wake(self) -> None:
         """The manager's wake event was set: step now (or right after the current step)."""
-        if not self.alive:
+        if not self.alive or self._waiting:
             return
         if self._busy:
             self._wake_pending = True
@@ -262,6 +310,11 @@ class Node:
         self._wake_pending = False
         try:
             delay = self.manager.step()
+        except ProcessKilled:
+            self._busy = False
+            self._die()  # killed while a call was out: the rest of the step never ran
+            self._after_code()
+            return
         finally:
             self._busy = False
         self._after_code()
@@ -315,6 +368,9 @@ class Node:
         self._trace.add(self._sched.now, self.name, "stop(release=%s)", release)
         self.alive = False  # before stop(): the wake it sets must not schedule a step
         self.manager.stop(release=release)  # no thread: only sets the flags
+        if self._lifeline is not None:
+            # _run adds it again and removes it in its `finally`: not twice.
+            self._lifeline.remove_listeners(ended=self.manager._on_own_lifeline_ended)
         self._busy = True
         try:
             # The thread's body: with _stopping set it goes straight to its
@@ -326,6 +382,8 @@ class Node:
             entry.close()
         self.pool.exit("worker exit")  # the term's end was handled: the process exits
         self._after_code()
+        if self.on_exit is not None:
+            self.on_exit()
 
     def request_step_down(self) -> None:
         """``manager.step_down()``; the thread does it at its next step."""
@@ -358,11 +416,17 @@ class Node:
         return True
 
     def request_crash(self) -> None:
-        """SIGKILL: the manager is gone; the published validity still ends by itself."""
+        """SIGKILL: the manager is gone; the published validity still ends by itself.
+
+        A node inside a step dies when its step returns; with *dies_at_once*
+        (a run with lifelines, where the death itself is what followers act
+        on) when its store call returns, so the rest of the step never runs.
+        """
         if not self.alive:
             return
         if self._busy:
             self._crash_pending = True
+            self.killed = self._dies_at_once
         else:
             self._die()
 

@@ -45,6 +45,7 @@ from celery_leader.simulation.trace import Trace
 from celery_leader.stores.base import AcquireResult, Holder
 
 if TYPE_CHECKING:
+    from celery_leader.simulation.lifelines import ProcessLifelines
     from celery_leader.simulation.model_store import ModelStore
 
 #: The members' group name in the model store.
@@ -107,8 +108,11 @@ class Process:
         timeout: float = 0.5,
         local_now: Callable[[], float] | None = None,
         after_pass: Callable[[], None] | None = None,
+        lifelines: ProcessLifelines | None = None,
     ) -> None:
         self.nodename = nodename
+        #: Its lifeline and monitor with their threads (:mod:`.lifelines`), or None.
+        self.lifelines = lifelines
         self.shutting_down = False
         self.nodes: list[Node] = []
         self._sched = sched
@@ -160,7 +164,10 @@ class Process:
 
     def start(self, at: float) -> None:
         """Start every node at *at*, and the balancer's first pass (before it: no plan)."""
+        if self.lifelines is not None:
+            self.lifelines.start(at)
         for node in self.nodes:
+            node.on_exit = self._node_exited
             node.start(at)
         if self.balancer is not None:
             self._schedule(at)
@@ -206,6 +213,8 @@ class Process:
         """Every thread of the process stops for *duration* (see :meth:`.node.Node.pause`)."""
         for node in self.nodes:
             node.pause(duration)
+        if self.lifelines is not None:
+            self.lifelines.pause(duration)
         if self.balancer is None:
             return
         if self._network.holds_up_others(self.thread):
@@ -231,8 +240,23 @@ class Process:
     def crash(self) -> None:
         """SIGKILL: every thread is gone at once; its announcement lapses by itself."""
         self._stopped = True
+        if self.lifelines is not None:
+            self.lifelines.crash()
         for node in self.nodes:
             node.request_crash()
+
+    def _node_exited(self) -> None:
+        """A node's thread ended by a stop: after the last, the worker closes its lifelines."""
+        if self.lifelines is not None and not self.alive:
+            self.lifelines.stop()
+
+    def cut(self, until: float) -> None:
+        """A partition from the store until real time *until*: every thread's messages lost."""
+        threads: list[object] = [*self.nodes, self.thread]
+        if self.lifelines is not None:
+            threads += self.lifelines.threads
+        for thread in threads:
+            self._network.cut(thread, until)
 
     @property
     def alive(self) -> bool:
@@ -260,5 +284,5 @@ class TakesEarlyClient(StoreClient):
         """Take over when the plan names this worker; otherwise acquire as usual."""
         process = self._process
         if process.planned(self._election) == process.nodename:
-            return self._model.take_over(name, holder, ttl)
+            return self._model.take_early(name, holder, ttl)
         return super().acquire(name, holder, ttl, min_token)

@@ -41,8 +41,10 @@ class _Chunk:
     terms: int
 
 
-def _run_chunk(args: tuple[Sequence[int], Broken | None, int, bool, int, str, bool]) -> _Chunk:
-    seeds, broken, trace_limit, every_event, elections, store, gaps = args
+def _run_chunk(
+    args: tuple[Sequence[int], Broken | None, int, bool, int, str, bool, bool],
+) -> _Chunk:
+    seeds, broken, trace_limit, every_event, elections, store, gaps, lifelines = args
     failures: list[SeedResult] = []
     events = terms = 0
     with quiet_loggers():
@@ -55,6 +57,7 @@ def _run_chunk(args: tuple[Sequence[int], Broken | None, int, bool, int, str, bo
                 elections=elections,
                 store=store,
                 gaps=gaps,
+                lifelines=lifelines,
             )
             events += result.events
             terms += result.terms
@@ -73,6 +76,7 @@ def run_seeds(
     elections: int = 1,
     store: str = DEFAULT,
     gaps: bool = False,
+    lifelines: bool = False,
 ) -> Summary:
     """Run *seeds* on *jobs* processes (default: one per core); see :func:`.world.simulate`."""
     started = time.perf_counter()
@@ -80,7 +84,7 @@ def run_seeds(
     # Small chunks keep the processes evenly busy; each chunk is a slice of seeds.
     size = max(1, min(500, len(seeds) // (jobs * 8) or 1))
     chunks = [
-        (seeds[i : i + size], broken, trace_limit, every_event, elections, store, gaps)
+        (seeds[i : i + size], broken, trace_limit, every_event, elections, store, gaps, lifelines)
         for i in range(0, len(seeds), size)
     ]
     if jobs == 1:

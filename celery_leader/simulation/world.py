@@ -2,7 +2,8 @@
 
 Everything random comes from ``random.Random(seed)``: the plan (nodes and
 faults), the network, each node's manager (its jitter) and each node's
-work (its runs, their lengths, its children's stops). Lease ids are
+work (its runs, their lengths, its children's stops), and with lifelines
+their threads' scheduling (:mod:`.lifelines`). Lease ids are
 the one thing the real manager draws itself (``uuid4``, once per term); the
 run depends only on whether two are equal, and the trace names them by
 order of appearance, so a seed replays exactly.
@@ -23,6 +24,7 @@ from celery_leader.lease import LeaseEvent
 from celery_leader.lease.timing import LeaseTiming
 from celery_leader.simulation.checker import Checker
 from celery_leader.simulation.faults import MENUS, Fault, Kind, Plan, draw
+from celery_leader.simulation.lifelines import LifelineServer, ProcessLifelines
 from celery_leader.simulation.model_etcd import EtcdModel
 from celery_leader.simulation.model_postgres import PostgresModel
 from celery_leader.simulation.model_sentinel import SentinelModel
@@ -39,6 +41,10 @@ from celery_leader.simulation.trace import Trace
 #: margin 0.06 s, store timeout 0.5 s). A model may ask for another ttl
 #: (:attr:`~.model_store.LeaseModel.ttl`: etcd's is not whole seconds).
 TIMING = LeaseTiming.create(3.0)
+#: How long a seed runs (real seconds, drawn in this range).
+DURATION = (30.0, 45.0)
+#: With lifelines: shorter runs (their threads make ten times the events per second).
+LIFELINE_DURATION = (15.0, 25.0)
 
 #: Faults after which the store comes back (after their duration) with data to say.
 COMES_BACK = frozenset(
@@ -99,11 +105,15 @@ class World:
         elections: int = 1,
         store: str = DEFAULT,
         gaps: bool = False,
+        lifelines: bool = False,
     ) -> None:
         if elections < 1:
             raise ValueError(f"elections={elections!r}: at least 1")
         model = model_of(store)
-        check_broken(store, broken)
+        check_broken(store, broken, lifelines=lifelines)
+        #: Every process has a lifeline and a monitor, and followers take over (:mod:`.lifelines`).
+        self.lifelines = lifelines
+        self.broken = broken
         #: The modelled store's name (``--store``).
         self.store_name = store
         self.menu = MENUS[store]
@@ -112,7 +122,13 @@ class World:
         self.timing = TIMING if model.ttl == TIMING.ttl else LeaseTiming.create(model.ttl)
         master = _rng(seed)
         self.seed = seed
-        self.plan: Plan = draw(_rng(master.getrandbits(64)), self.timing, store=store)
+        self.plan: Plan = draw(
+            _rng(master.getrandbits(64)),
+            self.timing,
+            store=store,
+            lifelines=lifelines,
+            duration=LIFELINE_DURATION if lifelines else DURATION,
+        )
         self.sched = Scheduler()
         self.trace = Trace(trace_limit)
         #: The elections every node competes in; with two or more, each process balances.
@@ -140,12 +156,21 @@ class World:
             self.plan.network,
             self.trace,
         )
-        store_process = _StoreProcess(self.network)
+        store_process = self._store_process = _StoreProcess(self.network)
         for each in self.stores.values():
             each.schedule = partial(self.sched.at, owner=store_process)
         self._node_rng = _rng(master.getrandbits(64))
         # Drawn after the others, so that their streams stay what they were.
         self._work_rng = _rng(master.getrandbits(64))
+        self._lifeline_rng = _rng(master.getrandbits(64)) if lifelines else None
+        #: The lifelines of every process started (closed at the end of the run).
+        self._process_lifelines: list[ProcessLifelines] = []
+        #: The store's server's lifelines (None without lifelines).
+        self.lifeline_server = LifelineServer(self._store_says) if lifelines else None
+        #: Real times of every election: (time, node, token).
+        self.elected: list[tuple[float, str, int]] = []
+        #: Real times of every take-over the store granted.
+        self.take_overs: list[float] = []
         self._pids = 100
         self.all_nodes: list[Node] = []
         #: Every node of each election, stopped and crashed ones too.
@@ -167,6 +192,8 @@ class World:
         for name, lease_model in self.stores.items():
             lease_model.on_grant = self.checkers[name].on_grant
             lease_model.on_release = partial(self._on_release, name)
+            if lifelines:
+                lease_model.on_take_over = partial(self._on_take_over, name)
         self.terms = 0
         if every_event:
             self.sched.after_event = self.check_all
@@ -191,8 +218,23 @@ class World:
                 if node.alive and election in (None, node.election_name):
                     notify_watchers(self.network, node.watches)
 
+    def _on_take_over(self, election: str, key: str) -> None:
+        """A take-over matched: the server must have dropped the lifeline taken over.
+
+        A holder's lifeline that the server still keeps (its process paused,
+        say) may not be taken over: only a reading that showed it gone lets
+        a follower try.
+        """
+        self.take_overs.append(self.sched.now)
+        server = self.lifeline_server
+        if server is not None and server.keeps(key):
+            self.checkers[election].fail(
+                f"take-over of a term whose lifeline {key} the server still keeps"
+            )
+
     def _on_elected(self, node: Node, event: LeaseEvent) -> None:
         self.terms += 1
+        self.elected.append((self.sched.now, node.name, event.term.token))
         term = event.term
         checker = self.checkers[node.election_name]
         checker.on_elected(node.name, term.token, term.valid_until, node.local_now())
@@ -208,6 +250,24 @@ class World:
         incarnation = self._incarnations[slot]
         self._incarnations[slot] += 1
         nodename = f"n{slot}" + "'" * incarnation
+        lifelines = None
+        if self.lifeline_server is not None:
+            assert self._lifeline_rng is not None
+            lifelines = ProcessLifelines(
+                process=nodename,
+                rate=setup.rate,
+                sched=self.sched,
+                network=self.network,
+                server=self.lifeline_server,
+                rng=_rng(self._lifeline_rng.getrandbits(64)),
+                trace=self.trace,
+                local_now=lambda: setup.offset + setup.rate * self.sched.now,
+                models=self.stores,
+                timeout=self.timing.op_timeout,
+                after_step=self.check_all,
+                broken=self.broken,
+            )
+            self._process_lifelines.append(lifelines)
         process = Process(
             nodename=nodename,
             rate=setup.rate,
@@ -220,6 +280,7 @@ class World:
             timeout=self.timing.op_timeout,
             local_now=lambda: setup.offset + setup.rate * self.sched.now,
             after_pass=self.check_all,
+            lifelines=lifelines,
         )
         # One per process, as the store's.
         witness = self.store.process_witness(nodename, lambda: process.alive)
@@ -247,10 +308,15 @@ class World:
                 client_factory=partial(self._client, election, process),
                 acquire_delay=process.acquire_delay(election),
                 witness=witness,
+                lifeline=None if lifelines is None else lifelines.holder,
+                lifelines=None if lifelines is None else lifelines.monitor,
+                dies_at_once=lifelines is not None,
             )
             process.nodes.append(node)
             self.all_nodes.append(node)
             self._nodes_of[election].append(node)
+        if lifelines is not None:
+            lifelines.holds = lambda: any(node.manager.state().token for node in process.nodes)
         self.slots[slot] = process
         process.start(at)
 
@@ -335,6 +401,8 @@ class World:
         lost = self.network.restart_store()
         for store in self.stores.values():
             store.go_down()
+        if self.lifeline_server is not None:
+            self.lifeline_server.restart()  # every connection dies with the server
         why = "failover" if fault.kind in (Kind.FAILOVER, Kind.STANDBY_PROMOTED) else "restart"
         say(now, "store", "down (%s, %.3f s; %d queued requests lost)", why, fault.duration, lost)
 
@@ -381,11 +449,37 @@ class World:
                 "up in a new cluster from the snapshot of %.6f, %s", taken, self.store.incarnation()
             )
 
+    def _target(self, fault: Fault) -> Process | None:
+        """The process a node fault hits: the lease holder's when aimed at the leader."""
+        if fault.leader:
+            election = self._pick(fault)
+            record = self.stores[election].read(election)
+            if record is not None:
+                for process in self.slots:
+                    if process is not None and any(
+                        node.name == record.nodename for node in process.nodes
+                    ):
+                        return process
+        return self.slots[fault.slot]
+
     def _node_fault(self, fault: Fault) -> None:
-        process = self.slots[fault.slot]
+        process = self._target(fault)
         if process is None or not process.alive:
             return
         now, kind = self.sched.now, fault.kind
+        if kind is Kind.ADMIN_KILL:
+            server = self.lifeline_server
+            assert server is not None, "only with lifelines"
+            # A command to the server (CLIENT KILL, pg_terminate_backend): it waits out a pause.
+            self.sched.at(
+                now,
+                partial(self._admin_kill, server, process.nodename, fault.silent),
+                owner=self._store_process,
+            )
+            return
+        if kind is Kind.PARTITION:
+            self._partition(process, fault)
+            return
         if kind is Kind.NODE_PAUSE:
             process.pause(fault.duration)
             return
@@ -395,6 +489,23 @@ class World:
             return
         # The rest act on the node's thread or process: not while it is paused.
         self.sched.at(now, partial(self._node_action, process, fault), process.nodes[0])
+
+    @staticmethod
+    def _admin_kill(server: LifelineServer, nodename: str, silent: bool) -> None:
+        server.kill(nodename, silent=silent)
+
+    def _partition(self, process: Process, fault: Fault) -> None:
+        """*process* is cut off from the store; the server may drop its lifeline meanwhile."""
+        now, server = self.sched.now, self.lifeline_server
+        process.cut(now + fault.duration)
+        self.trace.add(now, process.nodename, "cut off from the store for %.3f s", fault.duration)
+        if server is not None and fault.age > 0:
+            nodename = process.nodename
+            self.sched.at(
+                now + fault.age,
+                lambda: server.drop_process(nodename, "the server's keepalive gave up"),
+                self._store_process,
+            )
 
     def _node_action(self, process: Process, fault: Fault) -> None:
         if not process.alive:
@@ -463,13 +574,17 @@ class World:
         except Exception as exc:  # noqa: BLE001 - a crash of the run is a failure of the seed
             failure = f"the run raised {type(exc).__name__}: {exc}"
             self.trace.add(self.sched.now, "sim", "%s", traceback.format_exc().rstrip())
+        finally:
+            for lifelines in self._process_lifelines:
+                lifelines.close()
         violation = self._violation() or failure
         return SeedResult(
             seed=self.seed,
             violation=violation,
             trace=self.trace.lines() if violation is not None else [],
             plan=self.plan.describe()
-            + (f", {len(self.elections)} elections balanced" if self.balanced else ""),
+            + (f", {len(self.elections)} elections balanced" if self.balanced else "")
+            + (", lifelines" if self.lifelines else ""),
             events=self.sched.events,
             terms=self.terms,
         )
@@ -497,6 +612,7 @@ def simulate(
     elections: int = 1,
     store: str = DEFAULT,
     gaps: bool = False,
+    lifelines: bool = False,
 ) -> SeedResult:
     """Run one seed. With *full_trace*, the whole trace is returned even when it passed.
 
@@ -504,6 +620,9 @@ def simulate(
     balances them (see :mod:`.process`); each election is judged on its own.
     *store* names the modelled store (see :mod:`.models`); *gaps* adds the
     faults the store does not cover (see :attr:`.faults.Menu.uncovered`).
+    With *lifelines*, every process has a lifeline and followers take over
+    a holder whose lifeline ended (see :mod:`.lifelines`): another run of
+    the seed, with faults that end lifelines too.
     """
     world = World(
         seed,
@@ -513,6 +632,7 @@ def simulate(
         elections=elections,
         store=store,
         gaps=gaps,
+        lifelines=lifelines,
     )
     result = world.run()
     if full_trace and result.violation is None:

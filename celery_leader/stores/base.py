@@ -220,7 +220,9 @@ class Lifelines(Protocol):
         Compare-and-set on the term (its token and lifeline key, as *dead*
         read them): when the lease is free, or held by any other term, it
         answers as :meth:`LeaseStore.acquire` would. The token and hold-off
-        rules of an acquire apply.
+        rules of an acquire apply, and the new term also keeps what is left
+        of the dead term's hold-off: that term held off for a holder the
+        store forgot, who may still act.
         """
 
 
