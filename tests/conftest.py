@@ -58,6 +58,14 @@ SERIAL = (
     "tests/integration/test_run_safety.py::test_a_watchdog_stopped_with_its_worker_is_not_taken",
     # A handover within 1 s of the release, and a first leader, in a demo of four processes.
     "tests/test_demo.py::test_quick_demo_shows_failover_and_handover",
+    # Lifelines: a leader confirms its lifeline every 50 ms and pauses past 0.25 s without
+    # an answer; a follower takes over 0.3 s after a death. Load beside them stretches both.
+    "tests/integration/test_fast_failover.py",
+    "tests/lease/test_lifeline_manager.py::test_the_first_term_waits_for_the_first_confirmation",
+    "tests/stores/test_sqlite_lifeline.py::test_a_lifeline_reads_kept_while_its_process_lives",
+    "tests/stores/test_sqlite_lifeline.py::test_a_child_living_on_after_its_parent_was_killed",
+    "tests/stores/test_sqlite_lifeline.py::test_a_follower_leads_within_a_second_of_its_leaders",
+    "tests/stores/test_postgres_lifeline.py::test_a_killed_leader_is_taken_over_long_before",
 )
 
 

@@ -187,7 +187,10 @@ class HolderLifeline:
                 self._ended.remove(ended)
 
     def wait_opened(self, timeout: float) -> bool:
-        """Block until a first lifeline was confirmed (at most *timeout* s): for tests."""
+        """Block until a first lifeline was confirmed, at most *timeout* seconds; True if one was.
+
+        It does not start the thread (:meth:`start` does; the simulation steps it instead).
+        """
         return self._opened.wait(timeout)
 
     # -- the thread -------------------------------------------------------------

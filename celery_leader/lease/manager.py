@@ -82,8 +82,6 @@ logger = logging.getLogger(__name__)
 #: Seconds before the end of the lease a follower last saw that a take-over must come to
 #: count as following a release (the clocks of two reads differ by a little).
 RELEASE_SLACK = 0.05
-#: Seconds the first attempt to acquire waits for this process's lifeline to come up.
-LIFELINE_START_WAIT = 1.0
 #: Seconds after the lease may have become free (a release heard, the end last seen) past
 #: which an attempt held back by a balancer counts as not looking then (a follower tries
 #: within its jitter of that moment otherwise).
@@ -459,14 +457,13 @@ class LeaseManager:
         watch = self._open_watch()
         if self._lifeline is not None:
             self._lifeline.add_listeners(ended=self._on_own_lifeline_ended)
-            self._lifeline.start()
-            # A term begun before the lifeline is up is not tied to it (a crash of that
-            # leader waits for its lease): give the lifeline a moment to come up first.
-            self._lifeline.wait_opened(LIFELINE_START_WAIT)
         try:
             if self._lifeline is not None and not self._stopping:
-                # Only a term acquired while the lifeline is confirmed is tied to it: without
-                # this wait a worker's first term, often its longest, has no fast failover.
+                # The process's lifeline starts with its first manager (after the worker
+                # forked its watchdog). Only a term acquired while the lifeline is confirmed
+                # is tied to it: without this wait a worker's first term, often its longest,
+                # has no fast failover.
+                self._lifeline.start()
                 self._lifeline.wait_opened(OPEN_WAIT)
             while not self._stopping:
                 self._wake.clear()

@@ -359,6 +359,7 @@ from celery_leader.stores import open_store
 timing = LeaseTiming.create(float(sys.argv[2]))
 store = open_store(sys.argv[1], timeout=timing.op_timeout)
 holder, monitor = lifeline.for_store(store, store.url)
+holder.start()
 assert holder.wait_opened(10)  # a term acquired before it is tied to no lifeline
 manager = LeaseManager(store, "job", timing, lifeline=holder, lifelines=monitor)
 manager.start()

@@ -50,6 +50,7 @@ url, registered = sys.argv[1], sys.argv[2] == "registered"
 store = open_store(url, timeout=2)
 if registered:
     holder, _ = for_store(store, url)
+    holder.start()
     assert holder.wait_opened(5)
     key = holder.key()
 else:
@@ -73,6 +74,7 @@ from celery_leader.stores import open_store
 url = sys.argv[1]
 store = open_store(url, timeout=2)
 holder, _ = for_store(store, url)
+holder.start()
 assert holder.wait_opened(5)
 key = holder.key()
 own = store.open_lifeline()  # not registered: no hook, the child has a real copy
@@ -437,6 +439,7 @@ url, name = sys.argv[1], sys.argv[2]
 timing = LeaseTiming.create(5.0)
 store = open_store(url, timeout=timing.op_timeout)
 lifeline, monitor = for_store(store, url)
+lifeline.start()
 assert lifeline.wait_opened(5)
 manager = LeaseManager(
     store, "job", timing, holder=Holder.for_this_process(name),
