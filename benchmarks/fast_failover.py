@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.workers import prime_store, runs
+from benchmarks.workers import runs
 from harness.cluster import Cluster
 from tests.store_matrix import STORES
 
@@ -56,7 +56,7 @@ def failover_rounds(kind: str, ttl: float, rounds: int, tmp: Path) -> list[float
         cluster.env["LEADER_TTL"] = f"{ttl:g}"
         cluster.env["LEADER_FAST_FAILOVER"] = "1"
         try:
-            prime_store(cluster)
+            cluster.prime_store()
             cluster.start(3)
             for index in range(rounds):
                 leader = cluster.leader_worker(timeout=ttl * 3 + 20)

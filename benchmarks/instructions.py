@@ -41,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.workers import leads, prime_store
+from benchmarks.workers import leads
 from harness.cluster import Cluster, Worker
 
 KINDS = ("plain", "leader")
@@ -80,7 +80,7 @@ def count_run(tmp: Path, kind: str, tasks: int) -> dict[str, float]:
     out = Path(tempfile.mkdtemp(prefix=f"{kind}-{tasks}-", dir=tmp))
     cluster = Cluster(out, "redis")
     try:
-        prime_store(cluster)
+        cluster.prime_store()
         for _ in range(tasks):
             cluster.send(f"noop_{kind}")
         wrapper = [

@@ -51,8 +51,6 @@ import redis
 
 from benchmarks.stats import spread
 from celery_leader.elections.procinfo import has_ended
-from celery_leader.stores import open_store
-from celery_leader.stores.base import Holder
 from harness.cluster import Cluster, Worker
 from harness.cpu import cpu_seconds
 from harness.proxy import FaultProxy
@@ -300,22 +298,6 @@ def _tree_cpu(root: int) -> float:
     return cpu_seconds(lambda pid, ppid, _group: root in (pid, ppid))
 
 
-def prime_store(cluster: Cluster) -> None:
-    """Give the cluster's lease store a record of an earlier, released term.
-
-    A store with no record makes the first holder wait one ttl before it
-    leads (the hold-off after a store lost its data); a worker started on a
-    primed store leads at once.
-    """
-    store = open_store(cluster.env["LEADER_STORE"], timeout=2)
-    try:
-        holder = Holder.for_this_process("benchmark-primer")
-        if store.acquire(cluster.name, holder, ttl=2.0).acquired:
-            store.release(cluster.name, holder.lease_id)
-    finally:
-        store.close()
-
-
 def leads(worker: Worker) -> bool:
     """True once *worker* consumes its election's leader queue."""
     return "Started consuming from" in worker.text()
@@ -370,7 +352,7 @@ def throughput(tmp: Path, count: int, pairs: int = 8) -> dict[str, list[float]]:
     (:func:`_block`) ordered plain, leader, leader, plain, ... for
     :data:`PAIRS_PER_WORKER` pairs per worker (the next worker starts with
     leader-only), on a store primed so the worker leads at once
-    (:func:`prime_store`) and with a ttl long enough that no block waits on
+    (``Cluster.prime_store``) and with a ttl long enough that no block waits on
     the lease. Why blocks in one process: two worker processes of the same
     code differ by several percent in speed (where their memory lies, which
     core they share), more than the gate may cost; within one process the
@@ -383,7 +365,7 @@ def throughput(tmp: Path, count: int, pairs: int = 8) -> dict[str, list[float]]:
     for index in range((pairs + PAIRS_PER_WORKER - 1) // PAIRS_PER_WORKER):
         cluster = Cluster(_dir(tmp / "throughput"), "redis")
         try:
-            prime_store(cluster)
+            cluster.prime_store()
             env = {"LEADER_TTL": "30", "LEADER_VISIBILITY": "3600"}
             cluster.start(1, extra=["-c", "2"], env=env)
             worker = cluster.leader_worker(timeout=60)

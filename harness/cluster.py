@@ -24,6 +24,7 @@ from celery import Celery
 from celery_leader import install
 from celery_leader.exceptions import StoreError
 from celery_leader.stores import open_store
+from celery_leader.stores.base import Holder
 from harness.servers import RedisServer, SqsServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -283,6 +284,21 @@ class Cluster:
     def leader_status(self) -> tuple[int, dict | None]:
         proc = self.celery("leader", "status", "--json")
         return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip() else None)
+
+    def prime_store(self) -> None:
+        """Give the lease store a record of an earlier, released term.
+
+        A store with no record makes the first holder wait one ttl before it
+        leads (the hold-off after a store lost its data); a worker started on a
+        primed store leads at once.
+        """
+        store = open_store(self.env["LEADER_STORE"], timeout=2)
+        try:
+            holder = Holder.for_this_process("primer")
+            if store.acquire(self.name, holder, ttl=2.0).acquired:
+                store.release(self.name, holder.lease_id)
+        finally:
+            store.close()
 
     def leader_worker(self, timeout: float = 15) -> Worker:
         """The worker holding the lease, past its hold-off, consuming the leader queue."""

@@ -23,7 +23,6 @@ import pytest
 import redis
 
 from celery_leader.stores import open_store
-from celery_leader.stores.base import Holder
 from celery_leader.stores.redis_lifeline import client_name
 from tests.integration.test_beat import gaps, wait_sending
 from tests.lease.test_election import wait_for
@@ -78,13 +77,7 @@ def _fast_cluster(cluster_for, store_url: str | None = None):  # type: ignore[no
     cluster.env["LEADER_FAST_FAILOVER"] = "1"
     if store_url is not None:
         cluster.env["LEADER_STORE"] = store_url
-    store = open_store(cluster.env["LEADER_STORE"], timeout=2)
-    try:
-        primer = Holder.for_this_process("primer")
-        if store.acquire(cluster.name, primer, ttl=2.0).acquired:
-            store.release(cluster.name, primer.lease_id)
-    finally:
-        store.close()
+    cluster.prime_store()
     return cluster
 
 
