@@ -50,8 +50,8 @@ from celery.app.trace import build_tracer, setup_worker_optimizations
 
 from celery_leader import clock, leader_only
 from celery_leader.elections.shared_lease import SharedLease
-from celery_leader.elections.wakeup import _WAKE_AT, Wakeup
 from celery_leader.tasks import runtime
+from celery_leader.term_end.alarm import _WAKE_AT, Wakeup
 
 KINDS = ("plain", "leader")
 #: What the parent writes between two cold runs (bytes): more than a core's own caches.

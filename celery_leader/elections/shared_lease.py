@@ -41,10 +41,21 @@ import struct
 import threading
 import weakref
 from collections.abc import Iterator
+from typing import Protocol
 
 from celery_leader import clock
 from celery_leader.elections.run_table import RunTable
-from celery_leader.elections.wakeup import Wakeup
+
+
+class Alarm(Protocol):
+    """What the group needs of the watchdog's alarm (:mod:`celery_leader.term_end.alarm`).
+
+    Declared here, so that this floor never imports the one above it.
+    """
+
+    def nudge(self, deadline: float) -> bool:
+        """Wake the watchdog now when it sleeps past *deadline* (lease clock); True if it wrote."""
+
 
 _LAYOUT = struct.Struct("=qqdq")  # sequence, token, valid_until, revoked_through
 _SEQ = struct.Struct("=q")  # the sequence alone: odd while a write is in progress
@@ -84,8 +95,8 @@ class SharedLeases:
         self.owner_pid = os.getpid()
         #: Which pool child runs which election's term, for the watchdog.
         self.runs = RunTable()
-        #: The watchdog's alarm (:mod:`celery_leader.elections.wakeup`), once one guards the group.
-        self.wakeup: Wakeup | None = None
+        #: The watchdog's alarm (:mod:`celery_leader.term_end.alarm`), once one guards the group.
+        self.wakeup: Alarm | None = None
 
     def nudge(self, deadline: float) -> None:
         """Tell the watchdog, if one sleeps, that a term may end at *deadline* (lease clock)."""

@@ -69,8 +69,11 @@ thread to be scheduled within a quarter of a second.
 Who keeps the lifeline: the worker's (or beat's) main process, alone.
 Forked children drop their copy of its descriptor at fork (a child that
 exits never closes the connection under its parent, nor keeps it alive
-after its parent died). Work in a pool child is bounded by rule 1, since
-the watchdog and the child's own check read the validity rule 1 publishes.
+after its parent died). While the main process lives, work in a pool
+child is bounded by rule 1, since the watchdog and the child's own check
+read the validity rule 1 publishes. When it dies, its prefork children are
+SIGKILLed by the kernel (Celery sets ``PR_SET_PDEATHSIG`` in each child),
+and the successor's wait of rule 2 covers the delivery of those signals.
 """
 
 from __future__ import annotations

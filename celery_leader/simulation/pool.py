@@ -20,10 +20,12 @@ A node's leader work, as a prefork worker does it, on virtual time:
   (the real decision) over the table on the node's clock, every
   :data:`~celery_leader.term_end.watchdog.WATCH_INTERVAL` (on a grid of its
   own phase), and kills what it decides;
-* **the parent's kill** on LOST and RELEASED kills the ``terminate`` runs
-  the table shows running the term or an older one (``kill_recorded_runs``
-  of :class:`~celery_leader.term_end.in_worker.TermEnd`); the **release
-  guard** says the term's work stopped once the table shows none
+* **the parent's kill** on LOST and RELEASED is the worker's own code,
+  :func:`~celery_leader.term_end.in_worker.kill_table_runs`, run on the
+  model table and processes: it kills the ``terminate`` runs the table
+  shows running the term or an older one; the **release guard** reads the
+  table with the worker's :func:`~celery_leader.term_end.in_worker.recorded_runs_of`
+  and says the term's work stopped once it shows none
   (``TermEnd.work_stopped``);
 * **a kill** ends the child at once; billiard puts a new child (a new pid)
   in its pool index.
@@ -70,10 +72,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+from celery_leader.elections.procinfo import Liveness
 from celery_leader.elections.run_table import EVERY_TERM, Run
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.simulation.scheduler import Owner, Scheduler
 from celery_leader.simulation.trace import Trace
+from celery_leader.term_end.in_worker import kill_table_runs, recorded_runs_of
 from celery_leader.term_end.watchdog import WATCH_INTERVAL, past_deadline
 
 #: Pool children per node.
@@ -194,7 +198,7 @@ class RunTableModel:
         return found
 
     def running(
-        self, token: int, running: Running, *, exclude_pid: int, election: int
+        self, token: int, running: Running, *, exclude_pid: int, election: int | None
     ) -> list[Run]:
         """As :meth:`RunTable.running`: runs of the term or older (torn ones too) still running."""
         return [
@@ -204,6 +208,35 @@ class RunTableModel:
             and run.pid != exclude_pid
             and running(run.pid, run.started)
         ]
+
+
+class _TableView:
+    """The model table read as the worker reads its run table (``RecordedRuns``)."""
+
+    def __init__(self, table: RunTableModel, running: Running) -> None:
+        self._table = table
+        self._running = running
+
+    def running(self, token: int, exclude_pid: int = 0, election: int | None = None) -> list[Run]:
+        return self._table.running(token, self._running, exclude_pid=exclude_pid, election=election)
+
+
+class _ModelProcesses:
+    """A pool's children as the parent's kill reaches them (``Processes``)."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+
+    def liveness(self, pid: int, started: int) -> Liveness:
+        # The model's /proc always answers.
+        return Liveness.RUNNING if self._pool._running(pid, started) else Liveness.GONE
+
+    def kill(self, pid: int, reason: str) -> bool:
+        child = self._pool._children.get(pid)
+        if child is None or not child.alive:
+            return False
+        self._pool.kill(child, reason)
+        return True
 
 
 class Judge:
@@ -405,19 +438,28 @@ class Pool:
     # -- the kill layers ----------------------------------------------------------------
 
     def parent_kill(self, token: int, why: str) -> None:
-        """On LOST or RELEASED: kill the ``terminate`` runs the table shows of *token* or older."""
-        runs = self.table.running(
-            token, self._running, exclude_pid=self.owner_pid, election=self.shared.election
+        """On LOST and RELEASED: the worker's kill of the ``terminate`` runs of *token* or older.
+
+        The real :func:`~celery_leader.term_end.in_worker.kill_table_runs`, on
+        this pool's table and processes.
+        """
+        kill_table_runs(
+            _TableView(self.table, self._running),
+            self.shared.election,
+            token,
+            f"parent ({why})",
+            owner_pid=self.owner_pid,
+            processes=_ModelProcesses(self),
+            terminate_only=True,
         )
-        for run in runs:
-            child = self._children.get(run.pid)
-            if run.terminate and child is not None:
-                self.kill(child, f"parent ({why})")
 
     def work_stopped(self, token: int) -> bool:
-        """The release guard's reading: no run of *token* or older left in the table."""
-        return not self.table.running(
-            token, self._running, exclude_pid=self.owner_pid, election=self.shared.election
+        """The release guard's reading of the table (``TermEnd.work_stopped``'s table half)."""
+        return not recorded_runs_of(
+            _TableView(self.table, self._running),
+            token,
+            owner_pid=self.owner_pid,
+            election=self.shared.election,
         )
 
     def _grid_after(self, time: float) -> float:

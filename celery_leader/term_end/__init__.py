@@ -1,16 +1,35 @@
-"""The end of a term: what happens to leader work when an election's lease ends.
+"""The end of a term: what happens to leader work when an election's term ends, however it ends.
 
-This package is the one place that decides it, and does it:
+This package is the one place that decides it, and does it. A term ends
+because its lease ended (lost, or its lifeline ended: see
+:mod:`celery_leader.lease.lifeline`; the lease thread reports either as
+LOST), because the manager released it, or because the worker chose to give
+it up (a step-down, a hand-over, a warm shutdown). Whichever it is, the
+work ends here:
 
 * here, the ``on_loss`` policy and its per-pool defaults, and the hand-back
   rule for a run that was stopped;
 * :mod:`~celery_leader.term_end.in_worker`: the sequence in the worker's main
   process, per election (revoke, kill, hand back what never reached the pool,
-  wait with grace, guard the release), as :class:`TermEnd`;
+  wait with grace, guard the release), as :class:`TermEnd`; the parent's
+  kill and the release guard's reading of the run table are written once
+  there, for the worker and for the simulation
+  (:mod:`celery_leader.simulation.pool` runs them on its model);
+* :mod:`~celery_leader.term_end.leaving`: the ends a worker chooses
+  (step-down, hand-over, warm shutdown), each built on that sequence;
 * :mod:`~celery_leader.term_end.in_run`: the pool child's side (check before
   the body, register the run, stop the run);
 * :mod:`~celery_leader.term_end.watchdog`: the dead-man's switch that ends
-  prefork runs at their term's deadline from outside the run.
+  prefork runs at their term's deadline from outside the run, and its
+  replacement when it died; :mod:`~celery_leader.term_end.alarm`: the alarm
+  it sleeps on.
+
+What the death of a worker's main process does to its terms is outside
+any code here: its prefork children die with it (Celery asks the kernel to
+SIGKILL each child when its parent dies, ``PR_SET_PDEATHSIG``, since
+Celery 5.2), its watchdog exits with it, and its lifeline, held by the main
+process alone, ends with it; the successor waits out a bound that covers
+the delivery of those signals (:mod:`celery_leader.lease.lifeline`).
 
 How a term's work ends, fastest first. Correctness rests on the last
 layer alone; the others only make it sooner.
@@ -25,7 +44,7 @@ layer alone; the others only make it sooner.
    token, policy). The watchdog sleeps until the earliest published
    validity of the ``terminate`` entries, and is woken at once by a
    revocation or by a run whose term ends sooner
-   (:mod:`celery_leader.elections.wakeup`); each pass compares every
+   (:mod:`celery_leader.term_end.alarm`); each pass compares every
    ``terminate`` entry with its election's shared lease. It SIGKILLs the
    child within :data:`~celery_leader.term_end.watchdog.WATCH_INTERVAL` of
    the term's revocation or the end of its published validity, and only a

@@ -29,11 +29,12 @@ import signal
 import time
 from collections.abc import Callable, Collection, Iterable
 from contextlib import suppress
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from celery.worker import state as worker_state
 
 from celery_leader.elections.procinfo import Liveness, liveness, process_ended
+from celery_leader.elections.run_table import Run
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.lease import Term
 from celery_leader.term_end import KILLABLE_POOLS, OnLoss, requeues_stopped_run
@@ -109,46 +110,98 @@ def kill_runs(requests: Iterable[Any], reason: str) -> list[int]:
     return killed
 
 
-def kill_recorded_runs(
-    shared: SharedLease,
+class RecordedRuns(Protocol):
+    """The run table as the parent's kill and the release guard read it.
+
+    :class:`~celery_leader.elections.run_table.RunTable` in a worker; the
+    simulation's model of it there.
+    """
+
+    def running(self, token: int, exclude_pid: int = 0, election: int | None = None) -> list[Run]:
+        """Runs of *election*'s term *token* or older whose process still runs (or may)."""
+
+
+class Processes(Protocol):
+    """How the parent's kill reaches the pool's children: the host's, or a model's."""
+
+    def liveness(self, pid: int, started: int) -> Liveness:
+        """Whether the child *pid* (started at *started*; 0: unknown) still runs."""
+
+    def kill(self, pid: int, reason: str) -> bool:
+        """SIGKILL the child *pid* because of *reason*; False when it was gone already."""
+
+
+class HostProcesses:
+    """The pool children of *parent* (this process), through ``/proc`` and signals."""
+
+    def __init__(self, parent: int) -> None:
+        self.parent = parent
+
+    def liveness(self, pid: int, started: int) -> Liveness:
+        """See :class:`Processes`; a pid that is no child of *parent* counts as gone."""
+        return liveness(pid, started, parent=self.parent)
+
+    def kill(self, pid: int, reason: str) -> bool:
+        """See :class:`Processes`."""
+        logger.warning("celery-leader: %s; killing pool child pid %s", reason, pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def recorded_runs_of(
+    table: RecordedRuns, token: int, *, owner_pid: int, election: int
+) -> list[Run]:
+    """The runs the table shows of *election*'s term *token* or older, the owner's own left out.
+
+    What the release guard waits for and the parent's kill chooses from:
+    torn slots of a live writer and runs ``/proc`` cannot tell about count
+    as running (fail closed).
+    """
+    return table.running(token, exclude_pid=owner_pid, election=election)
+
+
+def kill_table_runs(
+    table: RecordedRuns,
+    election: int,
     token: int,
     reason: str,
     *,
+    owner_pid: int,
+    processes: Processes,
     terminate_only: bool = False,
     spare: Collection[int] = (),
     retry_for: float = KILL_SETTLE,
 ) -> list[int]:
-    """SIGKILL the pool children the run table shows running term *token* (or older).
+    """SIGKILL the children *table* shows running *election*'s term *token* (or older).
 
-    These include runs the parent has not seen start yet, and a slot that
-    cannot be read (its writer's process, fail closed). With
+    The parent's kill, written once for the worker (:func:`kill_recorded_runs`)
+    and the simulation (which passes its model of the table and of the
+    processes). It includes runs the parent has not seen start yet, and a
+    slot that cannot be read (its writer's process, fail closed). With
     *terminate_only*, runs under another policy are spared; so are the pids
-    in *spare* (signalled already). Only children of the calling process
-    (the worker's main process) are signalled, each the process that wrote
-    its slot (same start time, when known).
+    in *spare* (signalled already).
 
-    A run whose process ``/proc`` cannot tell about (out of descriptors or
-    memory) is looked at again every :data:`RETRY_EVERY` seconds until
-    ``/proc`` answers, for at most *retry_for* seconds (the release guard's
-    own wait for killed runs); past that, the watchdog's passes and the
-    release guard still see it as running.
+    A run whose process *processes* cannot tell about (``UNKNOWN``) is
+    looked at again every :data:`RETRY_EVERY` seconds until it can, for at
+    most *retry_for* seconds (the release guard's own wait for killed
+    runs); past that, the watchdog's passes and the release guard still see
+    it as running. Returns the pids signalled.
     """
     killed: list[int] = []
-    me = os.getpid()
     deadline = time.monotonic() + retry_for
     while True:
         unsure = []
-        for run in shared.runs.running(token, exclude_pid=me, election=shared.election):
+        for run in recorded_runs_of(table, token, owner_pid=owner_pid, election=election):
             if (terminate_only and not run.terminate) or run.pid in spare or run.pid in killed:
                 continue
-            state = liveness(run.pid, run.started, parent=me)
+            state = processes.liveness(run.pid, run.started)
             if state is Liveness.UNKNOWN:
                 unsure.append(run.pid)
-            elif state is Liveness.RUNNING:
-                logger.warning("celery-leader: %s; killing pool child pid %s", reason, run.pid)
-                with suppress(ProcessLookupError):
-                    os.kill(run.pid, signal.SIGKILL)
-                    killed.append(run.pid)
+            elif state is Liveness.RUNNING and processes.kill(run.pid, reason):
+                killed.append(run.pid)
         if not unsure:
             return killed
         if time.monotonic() >= deadline:
@@ -160,6 +213,35 @@ def kill_recorded_runs(
             )
             return killed
         time.sleep(RETRY_EVERY)
+
+
+def kill_recorded_runs(
+    shared: SharedLease,
+    token: int,
+    reason: str,
+    *,
+    terminate_only: bool = False,
+    spare: Collection[int] = (),
+    retry_for: float = KILL_SETTLE,
+) -> list[int]:
+    """:func:`kill_table_runs` on *shared*'s run table, for the children of this process.
+
+    Only children of the calling process (the worker's main process) are
+    signalled, each the process that wrote its slot (same start time, when
+    known).
+    """
+    me = os.getpid()
+    return kill_table_runs(
+        shared.runs,
+        shared.election,
+        token,
+        reason,
+        owner_pid=me,
+        processes=HostProcesses(me),
+        terminate_only=terminate_only,
+        spare=spare,
+        retry_for=retry_for,
+    )
 
 
 # -- which requests belong to a term -----------------------------------------
@@ -302,8 +384,11 @@ class TermEnd:
             # and checks its term again after.
             in_term = {
                 run.pid
-                for run in self.shared.runs.running(
-                    token, exclude_pid=self.shared.owner_pid, election=self.shared.election
+                for run in recorded_runs_of(
+                    self.shared.runs,
+                    token,
+                    owner_pid=self.shared.owner_pid,
+                    election=self.shared.election,
                 )
             }
             doomed = [
@@ -343,8 +428,11 @@ class TermEnd:
             except SnapshotError:
                 running = [None]  # unknown: assume work still runs
             # Runs the pool's children recorded, the parent may not know of yet.
-            running += self.shared.runs.running(
-                token, exclude_pid=self.shared.owner_pid, election=self.shared.election
+            running += recorded_runs_of(
+                self.shared.runs,
+                token,
+                owner_pid=self.shared.owner_pid,
+                election=self.shared.election,
             )
             if not running:
                 return True

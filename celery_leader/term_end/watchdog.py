@@ -11,6 +11,7 @@ import mmap
 import os
 import signal
 import struct
+import threading
 import time
 from contextlib import suppress
 
@@ -18,7 +19,7 @@ from celery_leader import clock
 from celery_leader.elections.procinfo import Liveness, liveness, process_ended
 from celery_leader.elections.run_table import RUN_SLOTS, Run
 from celery_leader.elections.shared_lease import SharedLease, SharedLeases
-from celery_leader.elections.wakeup import Wakeup
+from celery_leader.term_end.alarm import Wakeup
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ class Watchdog:
     until the earliest deadline of the ``terminate`` runs it guards (at most
     :data:`HEARTBEAT`), and is woken early when a term is revoked, a term
     with a sooner end is published, or a run is registered whose term ends
-    before its next look (:mod:`celery_leader.elections.wakeup`). Each pass
+    before its next look (:mod:`celery_leader.term_end.alarm`). Each pass
     SIGKILLs the pool children whose run's term was revoked or ran out
     (:func:`enforce_deadlines`). A deadline needs no wake-up, so a stopped
     or stuck main process cannot delay a kill. Being its own process, it
@@ -167,13 +168,15 @@ class Watchdog:
         self._heartbeat_every = heartbeat
         self.pid: int | None = None
         # Made before the pool forks, so every child can nudge the watchdog.
-        if self._shared.wakeup is None:
-            self._shared.wakeup = Wakeup()
-        self._wakeup = self._shared.wakeup
+        existing = self._shared.wakeup
+        self._wakeup = existing if isinstance(existing, Wakeup) else Wakeup()
+        self._shared.wakeup = self._wakeup
         # The lease-clock time of the watchdog's last pass and the number of passes,
         # written by it after each pass: a process that exists but no longer passes
         # is as good as dead.
         self._heartbeat = mmap.mmap(-1, _BEAT.size)
+        #: Held while a dead watchdog is replaced: every election's lease thread may ask.
+        self._replacing = threading.Lock()
 
     def start(self) -> None:
         """Fork the watchdog (call before the pool forks, with as few threads as possible)."""
@@ -264,6 +267,33 @@ class Watchdog:
             if now >= min(started + within, ends - RESTART_ROOM):
                 return False
             time.sleep(WATCH_INTERVAL / 2)
+
+    def replace_if_dead(self) -> bool:
+        """True when the watchdog runs; one that died or stopped passing is replaced first.
+
+        One that stopped passing is woken and given a moment first
+        (:meth:`passes_again`): stopped with the worker (a frozen container,
+        a suspended host), it continues with it, perhaps later than the
+        thread that asks. Every election's lease thread asks before each
+        renewal; only one replaces. False when no new one could be started:
+        the caller then renews nothing, so no validity is published that no
+        watchdog enforces.
+        """
+        if self.alive():
+            return True
+        with self._replacing:
+            if self.alive():
+                return True
+            if self.passes_again():
+                logger.info("celery-leader: the run watchdog passes again after a stop")
+                return True
+            logger.error("celery-leader: the run watchdog died; starting a new one")
+            try:
+                self.restart()
+            except OSError:
+                logger.exception("celery-leader: cannot start a new run watchdog; not renewing")
+                return False
+            return self.alive()
 
     def restart(self) -> None:
         """End a watchdog that died or stopped passing, reap it, and fork a new one.

@@ -32,7 +32,6 @@ order a batch.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -119,7 +118,6 @@ class Coordinator:
         self.gate = Gate(self)
         #: Ends prefork runs at their term's deadline (see celery_leader.term_end.watchdog).
         self.watchdog = Watchdog(self.group.shared) if pool_kind in KILLABLE_POOLS else None
-        self._watchdog_lock = threading.Lock()
         #: Spreads the elections over the workers, where the store can (see elections.balancer).
         self.balancer: Balancer | None = None
         #: Every election of this worker by its own name (None: the default one).
@@ -319,30 +317,15 @@ class Coordinator:
     def watchdog_alive(self) -> bool:
         """True when no watchdog is needed or it runs; a dead one is replaced first.
 
-        One that stopped passing is woken and given a moment first: stopped
-        with the worker (a frozen container, a suspended host), it continues
-        with it, perhaps later than this thread (Watchdog.passes_again).
+        See :meth:`Watchdog.replace_if_dead
+        <celery_leader.term_end.watchdog.Watchdog.replace_if_dead>`.
         """
         watchdog = self.watchdog
         if watchdog is None or watchdog.alive():
             return True
         if self.shutting_down:
             return True  # the worker is going: runs are stopped by the shutdown itself
-        with self._watchdog_lock:  # every election's manager thread asks: restart once
-            if watchdog.alive():
-                return True
-            if watchdog.passes_again():
-                # Stopped with the worker (a frozen container, a suspended host) and
-                # continued with it, later than this thread.
-                logger.info("celery-leader: the run watchdog passes again after a stop")
-                return True
-            logger.error("celery-leader: the run watchdog died; starting a new one")
-            try:
-                watchdog.restart()
-            except OSError:
-                logger.exception("celery-leader: cannot start a new run watchdog; not renewing")
-                return False
-            return watchdog.alive()
+        return watchdog.replace_if_dead()
 
     # -- the gate (loop thread) -----------------------------------------------
 

@@ -26,7 +26,6 @@ the election's manager thread; queue changes run on the consumer's loop.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -36,6 +35,7 @@ from celery_leader.lease import EventKind, LeaseEvent, Role, lifeline
 from celery_leader.settings import LeaderSettings
 from celery_leader.stores.base import Holder, LeaseStore
 from celery_leader.term_end.in_worker import SnapshotError, TermEnd
+from celery_leader.term_end.leaving import Leaving
 from celery_leader.worker.occurrence_sync import OccurrenceSync
 from celery_leader.worker.occurrences import Occurrences
 from celery_leader.worker.wakeup import wake_redis_consumer
@@ -97,11 +97,6 @@ def stop_consuming(consumer: Any, queue: str) -> None:
         consumer.cancel_task_queue(queue)
     else:
         consumer.app.amqp.queues.deselect(queue)
-
-
-def _in_background(work: Callable[[int], None], token: int, name: str) -> None:
-    """Run ``work(token)`` on a daemon thread called *name*."""
-    threading.Thread(target=work, args=(token,), name=name, daemon=True).start()
 
 
 class WorkerElection:
@@ -171,8 +166,17 @@ class WorkerElection:
             leading=lambda token: self.manager.current_token() == token,
             on_ready=self._occurrences_ready,
         )
-        self.stepping_down = False
-        self._lock = threading.Lock()
+        #: Its step-down, hand-over and warm shutdown (see celery_leader.term_end.leaving).
+        self.leaving = Leaving(
+            self.term_end,
+            self.manager,
+            election=settings.name,
+            node=coordinator.nodename,
+            sit_out=settings.timing.ttl,
+            stop_grace=settings.stop_grace,
+            poll=settings.timing.renew_interval,
+            stop_taking_work=lambda: coordinator.post(self.sync_consumption),
+        )
         #: The last term that ended by a loss (its release flush waits for no run).
         self._lost_token: int | None = None
 
@@ -268,10 +272,6 @@ class WorkerElection:
 
     # -- the end of a term (celery_leader.term_end.in_worker) ------------------
 
-    def revoke(self, token: int, *, on_loop: bool = False) -> None:
-        """End term *token* here for good (see :meth:`TermEnd.end`)."""
-        self.term_end.end(token, on_loop=on_loop)
-
     def _work_stopped(self, term: Any) -> bool:
         """The release guard: no run of *term* goes on; then its occurrences are written."""
         stopped = self.term_end.work_stopped(term)
@@ -289,106 +289,32 @@ class WorkerElection:
             )
         return stopped
 
-    def await_stopped(self, token: int) -> None:
-        """Stop the runs of *token*; where they cannot be killed, wait for them while leading."""
-        self.term_end.await_stopped(
-            token,
-            self.settings.stop_grace,
-            holding=lambda: self.manager.state().role is not Role.FOLLOWER,
-            poll=self.settings.timing.renew_interval,
-        )
+    # -- the ends of a term this worker chooses (celery_leader.term_end.leaving) ---
 
-    # -- step-down (loop thread, from a control command) ---------------------
+    @property
+    def stepping_down(self) -> bool:
+        """True while a step-down or a hand-over of this election is under way."""
+        return self.leaving.under_way
 
     def step_down(self) -> dict[str, Any]:
         """Stop leader work, then release in the background and sit out one ttl."""
-        node = self.coordinator.nodename
-        token = self.manager.current_token()
-        if token is None:
-            return {"ok": False, "reason": "not leader", "node": node, "election": self.name}
-        if self._claim_stepping_down():
-            logger.info(
-                "celery-leader: %s steps down from election %r (token %d) on request: it "
-                "releases once the term's runs stopped, to whichever standby takes it, and "
-                "sits out %g s",
-                node,
-                self.name,
-                token,
-                self.settings.timing.ttl,
-            )
-            self.revoke(token, on_loop=True)
-            _in_background(self._finish_step_down, token, "celery-leader-step-down")
-        return {"ok": True, "token": token, "node": node, "election": self.name}
+        return self.leaving.step_down()
 
     def hand_over(self) -> bool:
-        """Give the election to another worker gently (the balancer's move); False if not leading.
+        """Give the election to another worker without cutting a run short (the balancer's move).
 
-        Unlike :meth:`step_down`, it never cuts a run short to balance: it
-        declines (False) while a run of the term is in progress. Otherwise the
-        worker stops taking the election's work, waits up to
-        ``leader_stop_grace`` for a run admitted meanwhile to end, ends the
-        term (such a late run is stopped per its policy), releases and sits
-        out one ttl, so the planned worker acquires. Any thread.
+        See :meth:`Leaving.hand_over <celery_leader.term_end.leaving.Leaving.hand_over>`.
         """
-        token = self.manager.current_token()
-        if token is None:
-            return False
-        try:
-            if self.term_end.leader_runs(token):
-                return False  # never cut a run short to balance: ask again later
-        except SnapshotError:
-            return False
-        if self._claim_stepping_down():
-            self.coordinator.post(self.sync_consumption)
-            _in_background(self._finish_hand_over, token, "celery-leader-hand-over")
-        return True
-
-    def _claim_stepping_down(self) -> bool:
-        """Mark the election as stepping down; False when a step-down is under way already."""
-        with self._lock:
-            if self.stepping_down:
-                return False
-            self.stepping_down = True
-            return True
-
-    def _finish_hand_over(self, token: int) -> None:
-        try:
-            self.term_end.runs_ended(token, self.settings.stop_grace)
-            self.revoke(token)
-        except Exception:
-            logger.exception("celery-leader: hand-over of election %r failed", self.name)
-        self._finish_step_down(token)
-
-    def _finish_step_down(self, token: int) -> None:
-        try:
-            self.await_stopped(token)
-            self.manager.step_down(sit_out=self.settings.timing.ttl)
-        except Exception:
-            logger.exception("celery-leader: step-down of election %r failed", self.name)
-        finally:
-            self.stepping_down = False
-
-    # -- shutdown -------------------------------------------------------------
+        return self.leaving.hand_over()
 
     def begin_shutdown(self) -> None:
         """Warm shutdown: stop runs per policy, release once they stopped (in the background)."""
-        token = self.manager.current_token()
-        if token is None:
-            return
-        self.revoke(token)  # the consumer is stopping: only the urgent part still runs
-        _in_background(self._release_when_stopped, token, "celery-leader-shutdown")
-
-    def _release_when_stopped(self, token: int) -> None:
-        try:
-            self.await_stopped(token)
-            self.manager.stop(release=True)
-        except Exception:
-            logger.exception("celery-leader: early release failed; releasing at shutdown")
+        self.leaving.begin_shutdown()
 
     def finish_shutdown(self) -> None:
         """After the pool drained: stop leading, release, close the store."""
         try:
-            self.manager.stop(release=True)
+            self.leaving.finish_shutdown()
         finally:
             self.occurrence_sync.close()
             self.manager.store.close()

@@ -149,7 +149,7 @@ def test_ending_one_election_kills_and_hands_back_only_its_own_requests(monkeypa
     try:
         assert billing.term_end.leader_runs(TOKEN) == [running[0]]
         assert reports.term_end.leader_runs(TOKEN) == [running[1]]
-        billing.revoke(TOKEN, on_loop=True)
+        billing.term_end.end(TOKEN, on_loop=True)
         assert billing_child.wait(5) == -signal.SIGKILL
         assert reports_child.poll() is None
         assert running[0].leader_killed and not running[1].leader_killed
