@@ -240,6 +240,7 @@ def test_a_blocking_publish_check_never_holds_up_the_lifelines_confirmations():
     reset_memory_stores()
     lifelines = _InstantLifelines()
     holder = HolderLifeline(lifelines, "memory://")
+
     def slow_publish_check() -> bool:
         time.sleep(0.5)  # what replacing a watchdog that stopped passing may take
         return True
@@ -276,4 +277,3 @@ def test_a_blocking_publish_check_never_holds_up_the_lifelines_confirmations():
     finally:
         election.manager.stop()
         holder.stop()
-
