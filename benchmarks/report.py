@@ -45,6 +45,7 @@ BENCHMARKS = [
     ("Named elections: K elections on N workers", "benchmarks.elections", False),
     ("Named elections moving: a step-down, a worker's death", "benchmarks.election_moves", False),
     ("Fast failover: a leader's death seen at once", "benchmarks.fast_failover", True),
+    ("What fast failover adds to the store's load", "benchmarks.lifeline_load", False),
 ]
 
 
