@@ -62,7 +62,6 @@ SERIAL = (
     # an answer; a follower takes over 0.3 s after a death. Load beside them stretches both.
     "tests/integration/test_fast_failover.py",
     "tests/lease/test_lifeline_manager.py::test_the_first_term_waits_for_the_first_confirmation",
-    "tests/lease/test_lifeline_manager.py::test_a_blocking_publish_check_never_holds_up_the_life",
     "tests/stores/test_sqlite_lifeline.py::test_a_lifeline_reads_kept_while_its_process_lives",
     "tests/stores/test_sqlite_lifeline.py::test_a_child_living_on_after_its_parent_was_killed",
     "tests/stores/test_sqlite_lifeline.py::test_a_follower_leads_within_a_second_of_its_leaders",

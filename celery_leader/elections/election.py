@@ -15,11 +15,9 @@ places where work runs (pool children, the watchdog, the gate) see it:
 * **LOST / RELEASED**: the term is revoked in the slot at once and for good,
   then ``on_ended`` runs (the worker ends the term's work there);
 * **each confirmation of the process's lifeline** (when the election has
-  one, :mod:`celery_leader.lease.lifeline`): ``may_refresh`` is asked (a
-  check that never blocks: this runs on the lifeline's thread, which must
-  confirm every 50 ms; without one, ``may_publish``), then the term's
-  validity is extended to what the lifeline allows. The validity published
-  is never later than the lifeline allows, nor than the lease.
+  one, :mod:`celery_leader.lease.lifeline`): ``may_publish`` is asked, then
+  the term's validity is extended to what the lifeline allows. The validity
+  published is never later than the lifeline allows, nor than the lease.
 
 Guarantee: the slot never shows a term as valid longer than the lease
 manager published it, and never again once it was revoked (see
@@ -57,7 +55,6 @@ class Election:
         liveness: Callable[[], bool] | None = None,
         release_guard: Callable[[Term], bool] | None = None,
         may_publish: Callable[[], bool] | None = None,
-        may_refresh: Callable[[], bool] | None = None,
         on_elected: EventCallback | None = None,
         on_ended: EventCallback | None = None,
         **manager_options: Any,
@@ -65,7 +62,6 @@ class Election:
         self.name = shared.name
         self.shared = shared
         self._may_publish = may_publish
-        self._may_refresh = may_refresh if may_refresh is not None else may_publish
         self._on_elected = on_elected
         self._on_ended = on_ended
         self.manager = LeaseManager(
@@ -86,12 +82,7 @@ class Election:
         """Publish the current term's validity again (after a lifeline confirmation)."""
         state = self.manager.state()
         token, valid_until = state.token, state.valid_until
-        if (
-            state.role is Role.LEADER
-            and token
-            and valid_until is not None
-            and self._allowed(self._may_refresh)
-        ):
+        if state.role is Role.LEADER and token and valid_until is not None and self._allowed():
             self.shared.publish(token, valid_until)  # refused once revoked
 
     def _valid_until(self, event: LeaseEvent) -> float:
@@ -104,23 +95,23 @@ class Election:
     def _on_event(self, event: LeaseEvent) -> None:
         token = event.term.token
         if event.kind is EventKind.ELECTED:
-            if self._allowed(self._may_publish):
+            if self._allowed():
                 self.shared.publish(token, self._valid_until(event))
             self._call(self._on_elected, event)
         elif event.kind is EventKind.RENEWED:
-            if self._allowed(self._may_publish):
+            if self._allowed():
                 self.shared.publish(token, self._valid_until(event))  # refused once revoked
         else:
             self.shared.revoke(token)
             self._call(self._on_ended, event)
 
-    def _allowed(self, check: Callable[[], bool] | None) -> bool:
-        if check is None:
+    def _allowed(self) -> bool:
+        if self._may_publish is None:
             return True
         try:
-            return bool(check())
+            return bool(self._may_publish())
         except Exception:
-            logger.exception("celery-leader: the publish check of election %r raised", self.name)
+            logger.exception("celery-leader: may_publish of election %r raised", self.name)
             return False
 
     def _call(self, callback: Callable[..., None] | None, *args: Any) -> None:

@@ -327,17 +327,6 @@ class Coordinator:
             return True  # the worker is going: runs are stopped by the shutdown itself
         return watchdog.replace_if_dead()
 
-    def watchdog_running(self) -> bool:
-        """True when no watchdog is needed, it runs, or the worker is shutting down; never blocks.
-
-        Asked on the lifeline's thread after each confirmation, which must
-        not wait: a watchdog found dead there is replaced by the next
-        renewal (:meth:`watchdog_alive`), and until then no validity is
-        extended.
-        """
-        watchdog = self.watchdog
-        return watchdog is None or self.shutting_down or watchdog.alive()
-
     # -- the gate (loop thread) -----------------------------------------------
 
     def policy_for(self, task: Any) -> OnLoss:

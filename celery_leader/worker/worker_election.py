@@ -64,10 +64,7 @@ class ElectionHost(Protocol):
         """True while the worker can act on leadership."""
 
     def watchdog_alive(self) -> bool:
-        """True when no run watchdog is needed or it runs (a dead one is replaced first)."""
-
-    def watchdog_running(self) -> bool:
-        """:meth:`watchdog_alive` without the replacement: it never blocks."""
+        """True when no run watchdog is needed or it runs."""
 
     def acquire_delay(self, election: str) -> float:
         """Seconds *election* should wait before trying to acquire."""
@@ -132,7 +129,6 @@ class WorkerElection:
             liveness=coordinator.is_live,
             release_guard=self._work_stopped,
             may_publish=coordinator.watchdog_alive,
-            may_refresh=coordinator.watchdog_running,
             on_elected=self._on_elected,
             on_ended=self._on_ended,
             acquire_delay=lambda: coordinator.acquire_delay(settings.name),
