@@ -21,7 +21,8 @@ Or the worker chooses to give it up, which is this module:
 Guarantee, the same for all three: the lease is released only once no run
 of the term is left here (the release guard of :class:`TermEnd`); where
 the pool cannot stop a run, the lease is kept, with no new leader work,
-until it ends. Only one of them is under way at a time per election.
+until it ends. One step-down or hand-over at a time per election; a warm
+shutdown may begin while one is under way (both only end the term).
 
 Threads: :meth:`Leaving.step_down` runs on the consumer's loop thread (a
 control command); :meth:`Leaving.hand_over` on any thread; the waits run on
@@ -82,19 +83,16 @@ class Leaving:
         self.poll = poll
         self._stop_taking_work = stop_taking_work
         self._lock = threading.Lock()
-        self._under_way = False
-
-    @property
-    def under_way(self) -> bool:
-        """True from a step-down's or a hand-over's start until its release was done."""
-        return self._under_way
+        #: True from a step-down's or a hand-over's start until its release was done.
+        #: A plain attribute: the gate reads it for every leader message.
+        self.under_way = False
 
     def _claim(self) -> bool:
         """Mark a step-down as under way; False when one is under way already."""
         with self._lock:
-            if self._under_way:
+            if self.under_way:
                 return False
-            self._under_way = True
+            self.under_way = True
             return True
 
     # -- step-down (loop thread) ---------------------------------------------
@@ -151,7 +149,7 @@ class Leaving:
         except Exception:
             logger.exception("celery-leader: step-down of election %r failed", self.election)
         finally:
-            self._under_way = False
+            self.under_way = False
 
     # -- warm shutdown -------------------------------------------------------
 

@@ -51,6 +51,7 @@ from celery_leader.tasks.runtime import install_shared_lease
 from celery_leader.tasks.runtime import shared_lease as installed_shared_lease
 from celery_leader.term_end import KILLABLE_POOLS, OnLoss, effective_policy
 from celery_leader.term_end.in_worker import SnapshotError, Waiting, snapshot
+from celery_leader.term_end.orphans import guard_pool_children
 from celery_leader.term_end.watchdog import Watchdog
 from celery_leader.worker.dispatch import SerialDispatcher
 from celery_leader.worker.eta import held_for_eta
@@ -206,6 +207,7 @@ class Coordinator:
         global _current  # noqa: PLW0603 - one coordinator per worker process
         if self.watchdog is not None:
             self.watchdog.start()
+            guard_pool_children()
         self._signals = SerialDispatcher("celery-leader-signals")
         _current = self
         install_shared_lease(self.shared)

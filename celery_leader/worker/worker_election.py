@@ -192,7 +192,7 @@ class WorkerElection:
         token = self.manager.current_token()
         if (
             token is None
-            or self.stepping_down
+            or self.leaving.under_way
             or self.coordinator.shutting_down
             or self.shared.deadline_of(token) is None
             or not self.occurrence_sync.ready(token)
