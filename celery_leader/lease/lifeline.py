@@ -72,7 +72,7 @@ exits never closes the connection under its parent, nor keeps it alive
 after its parent died). While the main process lives, work in a pool
 child is bounded by rule 1, since the watchdog and the child's own check
 read the validity rule 1 publishes. When it dies, its prefork children are
-SIGKILLed by the kernel (Celery sets ``PR_SET_PDEATHSIG`` in each child),
+SIGKILLed by the kernel (each asked for it: :mod:`celery_leader.term_end.orphans`),
 and the successor's wait of rule 2 covers the delivery of those signals.
 """
 

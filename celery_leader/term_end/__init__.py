@@ -24,12 +24,12 @@ work ends here:
   replacement when it died; :mod:`~celery_leader.term_end.alarm`: the alarm
   it sleeps on.
 
-What the death of a worker's main process does to its terms is outside
-any code here: its prefork children die with it (Celery asks the kernel to
-SIGKILL each child when its parent dies, ``PR_SET_PDEATHSIG``, since
-Celery 5.2), its watchdog exits with it, and its lifeline, held by the main
-process alone, ends with it; the successor waits out a bound that covers
-the delivery of those signals (:mod:`celery_leader.lease.lifeline`).
+When a worker's main process dies, no code of it runs any more: its
+prefork children die with it, each having asked the kernel for a SIGKILL
+when its parent exits (:mod:`~celery_leader.term_end.orphans`), its
+watchdog exits with it, and its lifeline, held by the main process alone,
+ends with it; the successor waits out a bound that covers the delivery of
+those signals (:mod:`celery_leader.lease.lifeline`).
 
 How a term's work ends, fastest first. Correctness rests on the last
 layer alone; the others only make it sooner.
