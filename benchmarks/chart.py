@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from benchmarks.stats import from_json
+from benchmarks.stats import fast_failover_rows, from_json
 
 KINDS = ("crash", "graceful")
 
@@ -34,24 +34,29 @@ def series(
     """Every system and ttl from the benchmarks' JSON, celery-leader's first.
 
     *fast_figures* (``benchmarks.fast_failover --json``) adds a crash row per store
-    and ttl with ``leader_fast_failover``.
+    and ttl with ``leader_fast_failover``, for workers and (when it holds them) beat.
     """
     rows: list[Series] = []
     if workers_figures is not None:
         for ttl, figures in workers_figures["workers"].items():
             crash, graceful = from_json(figures["crash"]), from_json(figures["graceful"])
             rows.append(Series(f"celery-leader workers, ttl {ttl} s", crash, graceful))
-    for store, by_ttl in (fast_figures or {}).items():
+    fast: dict[str, list[Series]] = {"workers": [], "beat": []}
+    for what, store, by_ttl in fast_failover_rows(fast_figures):
         for ttl, values in by_ttl.items():
-            label = f"celery-leader workers, fast failover, {store}, ttl {ttl} s"
-            rows.append(Series(label, list(values), []))
+            label = f"celery-leader {what}, fast failover, {store}, ttl {ttl} s"
+            fast[what].append(Series(label, list(values), []))
+    rows += fast["workers"]
     beat = beat_figures["beat"].values()
     ordered = sorted(beat, key=lambda row: (row["label"] != "celery-leader", row["ttl"] is None))
     for row in ordered:
+        if row["label"] != "celery-leader" and fast["beat"]:
+            rows += fast["beat"]  # beat's fast failover after celery-leader beat's rows
+            fast["beat"] = []
         name = "celery-leader beat" if row["label"] == "celery-leader" else row["label"]
         label = name if row["ttl"] is None else f"{name}, ttl {row['ttl']:g} s"
         rows.append(Series(label, from_json(row["crash"]), from_json(row["graceful"])))
-    return rows
+    return rows + fast["beat"]
 
 
 def _minor_tick(value: float, _pos: int) -> str:

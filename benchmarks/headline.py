@@ -17,7 +17,7 @@ import math
 import statistics
 from typing import Any
 
-from benchmarks.stats import from_json
+from benchmarks.stats import fast_failover_rows, from_json
 
 KINDS = ("crash", "graceful")
 OURS = "celery-leader"
@@ -49,6 +49,25 @@ def _beat_row(beat: dict[str, Any], label: str, ttl: float) -> dict[str, Any] | 
     return None
 
 
+def _fast_lines(
+    fast: list[tuple[str, str, dict[str, list[float]]]],
+    what: str,
+    columns: list[tuple[float, str]],
+    cap: float,
+) -> list[str]:
+    """The fast-failover rows of *what* (workers or beat): crash medians; graceful as above."""
+    lines = []
+    for kind_of, store, by_ttl in fast:
+        if kind_of != what:
+            continue
+        cells = [f"{OURS} {what}, fast failover ({store})"]
+        for ttl, kind in columns:
+            values = by_ttl.get(f"{ttl:g}", []) if kind == "crash" else None
+            cells += ["as above" if values is None else _seconds(_median(values), cap), ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def headline(
     beat_figures: dict[str, Any],
     workers_figures: dict[str, Any] | None,
@@ -57,8 +76,10 @@ def headline(
     """The markdown table (and a line on how to read it) from the benchmarks' JSON.
 
     *fast_figures* (``benchmarks.fast_failover --json``: store, ttl, seconds per round)
-    adds a row per store with ``leader_fast_failover``; its graceful columns are the
-    workers' row's (a release does not change with it), shown as "as above".
+    adds a row per store with ``leader_fast_failover``: the workers' under the workers'
+    row and, when it holds them, beat's (to the standby's first send) under celery-leader
+    beat's row. Their graceful columns are the row's above (a release does not change
+    with the setting), shown as "as above".
     """
     beat: dict[str, Any] = beat_figures["beat"]
     cap = float(beat_figures["cap"])
@@ -75,12 +96,8 @@ def headline(
             values = workers_figures["workers"].get(f"{ttl:g}", {}).get(kind, [])
             cells += [_seconds(_median(from_json(values)), cap), ""]
         lines.append("| " + " | ".join(cells) + " |")
-    for store, by_ttl in (fast_figures or {}).items():
-        cells = [f"{OURS} workers, fast failover ({store})"]
-        for ttl, kind in columns:
-            values = by_ttl.get(f"{ttl:g}", []) if kind == "crash" else None
-            cells += ["as above" if values is None else _seconds(_median(values), cap), ""]
-        lines.append("| " + " | ".join(cells) + " |")
+    fast = list(fast_failover_rows(fast_figures))
+    lines += _fast_lines(fast, "workers", columns, cap)
     for label in labels:
         cells = [f"{label} beat" if label == OURS else label]
         for ttl, kind in columns:
@@ -90,6 +107,8 @@ def headline(
             mine = _median(from_json(ours[kind])) if ours else math.nan
             cells += [_seconds(theirs, cap), "" if label == OURS else _ratio(mine, theirs, cap)]
         lines.append("| " + " | ".join(cells) + " |")
+        if label == OURS:  # beat's fast failover under beat's row, which "as above" names
+            lines += _fast_lines(fast, "beat", columns, cap)
     return "\n".join(
         [
             *lines,

@@ -23,6 +23,7 @@ from celery import Celery
 
 from celery_leader import install
 from celery_leader.exceptions import StoreError
+from celery_leader.settings.names import BEAT_SUFFIX
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
 from harness.servers import RedisServer, SqsServer
@@ -285,20 +286,55 @@ class Cluster:
         proc = self.celery("leader", "status", "--json")
         return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip() else None)
 
-    def prime_store(self) -> None:
-        """Give the lease store a record of an earlier, released term.
+    @property
+    def beat_election(self) -> str:
+        """The name of beat's own election (the workers' name and ``.beat``)."""
+        return self.name + BEAT_SUFFIX
 
-        A store with no record makes the first holder wait one ttl before it
-        leads (the hold-off after a store lost its data); a worker started on a
-        primed store leads at once.
+    def prime_store(self, *names: str) -> None:
+        """Give the lease store a record of an earlier, released term of each of *names*.
+
+        *names* defaults to the workers' election (:attr:`name`); pass
+        :attr:`beat_election` too for beats. A store with no record makes the
+        first holder wait one ttl before it leads (the hold-off after a store
+        lost its data); a worker or beat started on a primed store leads at once.
         """
         store = open_store(self.env["LEADER_STORE"], timeout=2)
         try:
-            holder = Holder.for_this_process("primer")
-            if store.acquire(self.name, holder, ttl=2.0).acquired:
-                store.release(self.name, holder.lease_id)
+            for name in names or (self.name,):
+                holder = Holder.for_this_process("primer")
+                if store.acquire(name, holder, ttl=2.0).acquired:
+                    store.release(name, holder.lease_id)
         finally:
             store.close()
+
+    def sending_beat(self, timeout: float = 15, after: int = 0) -> tuple[Beat, int]:
+        """The live beat that holds beat's lease and sends under it now, and its term's token.
+
+        Sending: its log says "this beat sends now" for the term in the
+        store (it read the last sends and took the term over). Only a term
+        whose token is above *after* counts.
+        """
+        deadline = time.monotonic() + timeout
+        store = open_store(self.env["LEADER_STORE"], timeout=2)
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    record = store.read(self.beat_election)
+                except StoreError:
+                    record = None
+                if record is not None and record.hold_off <= 0 and record.token > after:
+                    for beat in self.beats:
+                        if (
+                            beat.proc.pid == record.pid
+                            and beat.proc.poll() is None
+                            and f"this beat sends now (token {record.token})" in beat.text()
+                        ):
+                            return beat, record.token
+                time.sleep(0.02)
+        finally:
+            store.close()
+        raise AssertionError("no beat sends")
 
     def leader_worker(self, timeout: float = 15) -> Worker:
         """The worker holding the lease, past its hold-off, consuming the leader queue."""

@@ -60,6 +60,8 @@ SERIAL = (
     "tests/test_demo.py::test_quick_demo_shows_failover_and_handover",
     # Lifelines: a leader confirms its lifeline every 50 ms and pauses past 0.25 s without
     # an answer; a follower takes over 0.3 s after a death. Load beside them stretches both.
+    # The whole file: its worker and its beat tests (a killed, a stopped beat; a beat's
+    # lifeline connection killed) alike.
     "tests/integration/test_fast_failover.py",
     "tests/lease/test_lifeline_manager.py::test_the_first_term_waits_for_the_first_confirmation",
     "tests/stores/test_sqlite_lifeline.py::test_a_lifeline_reads_kept_while_its_process_lives",

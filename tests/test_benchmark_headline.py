@@ -73,3 +73,27 @@ def test_fast_failover_rows_come_from_its_figures_per_store():
     ]
     assert fast_rows[0].crash == [0.3, 0.4, 0.35]
     assert fast_rows[0].graceful == []
+
+
+def test_beat_fast_failover_rows_come_from_its_first_sends_and_are_no_store():
+    """Under "beat" the JSON holds beat's figures per store: a beat row each, no store "beat"."""
+    workers = {"workers": {"3": {"crash": [2.1, 2.3], "graceful": [0.02]}}}
+    beat_found = {"takeover": [0.3, 0.34], "first_send": [0.4, 0.44], "expired": 0, "twice": 0}
+    fast = {"redis": {"3": [0.3, 0.4, 0.35]}, "beat": {"postgres": {"3": beat_found}}}
+    table = headline(beat_figures(), workers, fast)
+    assert cells(table, "celery-leader beat, fast failover (postgres)")[:3] == [
+        "0.42 s", "", "as above",
+    ]  # fmt: skip
+    assert "fast failover (beat)" not in table
+    systems = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("|")]
+    beat_row = systems.index("celery-leader beat")
+    assert systems[beat_row + 1] == "celery-leader beat, fast failover (postgres)"
+    rows = series(beat_figures(), workers, fast)
+    fast_rows = [s for s in rows if "fast failover" in s.label]
+    assert [s.label for s in fast_rows] == [
+        "celery-leader workers, fast failover, redis, ttl 3 s",
+        "celery-leader beat, fast failover, postgres, ttl 3 s",
+    ]
+    assert fast_rows[1].crash == [0.4, 0.44]
+    labels = [s.label for s in rows]
+    assert labels.index(fast_rows[1].label) == labels.index("celery-leader beat, ttl 10 s") + 1

@@ -10,10 +10,16 @@ What each test shows, on real ``celery worker`` processes:
 * ``CLIENT KILL`` of the leader's lifeline connection while the leader
   lives: it stops leading (its terminate run ends), and the next leader
   starts only after that.
+
+And on real ``celery beat`` processes (two beats, one worker running what
+they send): a killed sending beat is replaced long before its lease ends; a
+stopped one is not; one whose lifeline connection is killed stops sending
+before the other beat's first send.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import threading
@@ -70,14 +76,15 @@ def _alive(pid: int) -> bool:
 def _fast_cluster(cluster_for, store_url: str | None = None):  # type: ignore[no-untyped-def]
     """A cluster (Redis broker) with leader_fast_failover, on *store_url* (default: its Redis).
 
-    The store is primed with a released term, so the first leader leads at once.
+    The store is primed with a released term of the workers' election and of
+    beat's, so the first leader (and the first beat) leads at once.
     """
     cluster = cluster_for("redis")
     cluster.env["LEADER_TTL"] = f"{TTL:g}"
     cluster.env["LEADER_FAST_FAILOVER"] = "1"
     if store_url is not None:
         cluster.env["LEADER_STORE"] = store_url
-    cluster.prime_store()
+    cluster.prime_store(cluster.name, cluster.beat_election)
     return cluster
 
 
@@ -235,3 +242,105 @@ def test_a_killed_beat_is_replaced_before_its_lease_ends(cluster_for):
     assert min(s["token"] for s in after) > max(s["token"] for s in before)
     assert min(gaps(sends)) > 0.5, "no slot sent twice across the failover"
     print(f"beat SIGKILL -> first send by the standby: {took:.3f} s")
+
+
+def _beats_sending(cluster_for, every: float):  # type: ignore[no-untyped-def]
+    """A fast-failover cluster, one worker, two beats (an entry every *every* s); the sending
+    beat and its term's token, once that term is tied to a lifeline."""
+    cluster = _fast_cluster(cluster_for)
+    cluster.env["LEADER_BEAT_EVERY"] = f"{every:g}"
+    cluster.start(1)
+    for _ in range(2):
+        cluster.start_beat()
+    sending, token = cluster.sending_beat(timeout=30)
+    store = open_store(cluster.env["LEADER_STORE"], timeout=2)
+    try:
+        record = store.read(cluster.beat_election)
+    finally:
+        store.close()
+    assert record is not None
+    assert record.token == token
+    assert record.lifeline, "the beat's term is not tied to a lifeline"
+    return cluster, sending, token, record.lifeline
+
+
+def _sent_once(sends) -> None:  # type: ignore[no-untyped-def]
+    counts = collections.Counter(s["occurrence"] for s in sends)
+    assert not [o for o, n in counts.items() if n > 1], "a slot sent twice"
+
+
+@pytest.mark.slow
+def test_a_stopped_beat_is_not_taken_for_dead(cluster_for):
+    """SIGSTOP the sending beat for half its lease: its lifeline stays kept (the process
+    lives), so nobody takes over and nothing is sent until it is continued."""
+    cluster, old, token, _ = _beats_sending(cluster_for, every=0.5)
+    (other,) = [b for b in cluster.beats if b is not old]
+    time.sleep(1)
+    store = open_store(cluster.env["LEADER_STORE"], timeout=2)
+    old.signal(signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        while time.monotonic() - stopped_at < TTL / 2:
+            record = store.read(cluster.beat_election)
+            assert record is not None
+            assert record.token == token, "a stopped beat was taken over early"
+            time.sleep(0.1)
+    finally:
+        continued_at = time.monotonic()
+        standby_log = other.text()
+        old.signal(signal.SIGCONT)
+        store.close()
+    time.sleep(2)
+    sends = cluster.beat_sends()
+    # A send published just before the stop may reach the worker a moment later.
+    during = [s for s in sends if stopped_at + 0.2 < s["at"] < continued_at]
+    assert not during, f"sent while the sending beat was stopped: {during}"
+    assert [s for s in sends if s["at"] < stopped_at], "nothing sent before the stop"
+    assert "this beat sends now" not in standby_log, "the standby sent while the beat was stopped"
+    later = [s["token"] for s in sends if s["at"] > continued_at]
+    assert later == sorted(later) and min(later, default=token) >= token
+    _sent_once(sends)
+
+
+@pytest.mark.slow
+def test_a_killed_beat_lifeline_connection_ends_its_term_before_the_next_begins(cluster_for):
+    """CLIENT KILL of the sending beat's lifeline connection while the beat lives: its term
+    ends, and the next term's first send comes after that term's last one, under a higher
+    token, with no slot sent twice.
+
+    The beat whose lifeline ended releases the lease once no send of its term is in flight
+    and competes again at once, so the next term is most often its own; the other beat takes
+    it when it is first (0.3 s after it saw the lifeline end). Either way the two terms'
+    sends must not overlap.
+    """
+    cluster, old, token, lifeline = _beats_sending(cluster_for, every=0.2)
+    time.sleep(1)
+    admin = redis.Redis.from_url(cluster.env["LEADER_STORE"], decode_responses=True)
+    try:
+        (connection,) = [c for c in admin.client_list() if c["name"] == client_name(lifeline)]
+        killed_at = time.monotonic()
+        admin.client_kill_filter(_id=connection["id"])
+    finally:
+        admin.close()
+    assert wait_for(lambda: "lifeline-ended" in old.text(), timeout=10), (
+        "the beat did not hear that its lifeline ended"
+    )
+    new, new_token = cluster.sending_beat(timeout=TTL + 10, after=token)
+    time.sleep(2)
+    sends = cluster.beat_sends()
+    assert new_token > token
+    mine = [s for s in sends if s["token"] == token]
+    theirs = [s for s in sends if s["token"] != token]
+    assert mine and theirs
+    assert min(s["token"] for s in theirs) == new_token
+    assert max(s["at"] for s in mine) < min(s["at"] for s in theirs), (
+        "the killed lifeline's beat sent after the next beat began"
+    )
+    stopped = max(s["at"] for s in mine) - killed_at
+    assert stopped < 1.0, f"the term whose lifeline ended sent {stopped:.2f} s after the kill"
+    took = min(s["at"] for s in theirs) - killed_at
+    assert took < TTL / 2, f"first send of the next term {took:.2f} s after the kill"
+    _sent_once(sends)
+    assert old.proc.poll() is None, "the beat itself must live on"
+    who = "the same beat" if new is old else "the other beat"
+    print(f"beat lifeline killed -> first send of the next term ({who}): {took:.3f} s")
