@@ -29,6 +29,8 @@ import re
 import signal
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,10 +98,12 @@ def _sent_under_another(cluster: Cluster, token: int) -> bool:
     return any(s["token"] != token for s in cluster.beat_sends())
 
 
-def beat_failover_rounds(kind: str, ttl: float, rounds: int, tmp: Path) -> BeatFigures:
-    """*rounds* SIGKILLs of the sending beat on a store of *kind* with lease *ttl*."""
-    figures = BeatFigures()
-    rng = random.Random(1)
+@contextmanager
+def fast_cluster(kind: str, ttl: float, tmp: Path) -> Iterator[Cluster]:
+    """A cluster (Redis broker) with ``leader_fast_failover`` on a fresh store of *kind*.
+
+    Started empty; closed (every process stopped) on exit, then the store.
+    """
     with (
         pytest.MonkeyPatch.context() as monkeypatch,
         STORES[kind].run(tmp / "store", monkeypatch) as store,
@@ -107,43 +111,51 @@ def beat_failover_rounds(kind: str, ttl: float, rounds: int, tmp: Path) -> BeatF
         cluster = Cluster(tmp / "cluster", "redis", store_url=store.url)
         cluster.env["LEADER_TTL"] = f"{ttl:g}"
         cluster.env["LEADER_FAST_FAILOVER"] = "1"
-        cluster.env["LEADER_BEAT_EVERY"] = f"{EVERY:g}"
-        election = cluster.beat_election
         try:
-            cluster.prime_store(cluster.name, election)
-            cluster.start(1)
-            for _ in range(2):
-                cluster.start_beat()
-            for index in range(rounds):
-                old, token = cluster.sending_beat(timeout=ttl * 3 + 20)
-                (standby,) = [b for b in cluster.beats if b is not old and b.proc.poll() is None]
-                _wait_following(standby, election, timeout=30)
-                cluster.history_client.delete("history")
-                time.sleep(0.5 + rng.uniform(0, ttl / 3))
-                killed_wall, killed_at = time.time(), time.monotonic()
-                old.signal(signal.SIGKILL)
-                deadline = killed_at + ttl * 3 + 10
-                while not _sent_under_another(cluster, token) and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                time.sleep(0.3)  # the slots sent meanwhile reach the worker
-                sends = cluster.beat_sends()
-                new = [s for s in sends if s["token"] != token]
-                where = f"{kind}, ttl {ttl:g}, round {index}"
-                if not new:
-                    raise RuntimeError(f"{where}: nothing sent after the kill")
-                first = new[0]
-                if min(s["token"] for s in new) <= token:
-                    raise RuntimeError(f"{where}: a token not above the killed beat's {token}")
-                elected = _elected_at(standby, election, first["token"])
-                if elected is None:
-                    raise RuntimeError(f"{where}: the standby has no line for {first['token']}")
-                figures.takeover.append(elected[0] - killed_wall)
-                figures.first_send.append(first["at"] - killed_at)
-                figures.expired += not elected[1]
-                occurrences = Counter(s["occurrence"] for s in sends)
-                figures.twice += sum(n > 1 for n in occurrences.values())
-                old.proc.wait(10)
-                cluster.start_beat()
+            yield cluster
         finally:
             cluster.close()
+
+
+def beat_failover_rounds(kind: str, ttl: float, rounds: int, tmp: Path) -> BeatFigures:
+    """*rounds* SIGKILLs of the sending beat on a store of *kind* with lease *ttl*."""
+    figures = BeatFigures()
+    rng = random.Random(1)
+    with fast_cluster(kind, ttl, tmp) as cluster:
+        cluster.env["LEADER_BEAT_EVERY"] = f"{EVERY:g}"
+        election = cluster.beat_election
+        cluster.prime_store(cluster.name, election)
+        cluster.start(1)
+        for _ in range(2):
+            cluster.start_beat()
+        for index in range(rounds):
+            old, token = cluster.sending_beat(timeout=ttl * 3 + 20)
+            (standby,) = [b for b in cluster.beats if b is not old and b.proc.poll() is None]
+            _wait_following(standby, election, timeout=30)
+            cluster.history_client.delete("history")
+            time.sleep(0.5 + rng.uniform(0, ttl / 3))
+            killed_wall, killed_at = time.time(), time.monotonic()
+            old.signal(signal.SIGKILL)
+            deadline = killed_at + ttl * 3 + 10
+            while not _sent_under_another(cluster, token) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.3)  # the slots sent meanwhile reach the worker
+            sends = cluster.beat_sends()
+            new = [s for s in sends if s["token"] != token]
+            where = f"{kind}, ttl {ttl:g}, round {index}"
+            if not new:
+                raise RuntimeError(f"{where}: nothing sent after the kill")
+            first = new[0]
+            if min(s["token"] for s in new) <= token:
+                raise RuntimeError(f"{where}: a token not above the killed beat's {token}")
+            elected = _elected_at(standby, election, first["token"])
+            if elected is None:
+                raise RuntimeError(f"{where}: the standby has no line for {first['token']}")
+            figures.takeover.append(elected[0] - killed_wall)
+            figures.first_send.append(first["at"] - killed_at)
+            figures.expired += not elected[1]
+            occurrences = Counter(s["occurrence"] for s in sends)
+            figures.twice += sum(n > 1 for n in occurrences.values())
+            old.proc.wait(10)
+            cluster.start_beat()
     return figures

@@ -34,12 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytest
-
-from benchmarks.beat_fast_failover import EVERY, BeatFigures, beat_failover_rounds
+from benchmarks.beat_fast_failover import EVERY, BeatFigures, beat_failover_rounds, fast_cluster
 from benchmarks.workers import runs
-from harness.cluster import Cluster
-from tests.store_matrix import STORES
 
 #: The stores whose servers can see a process die (a lifeline).
 LIFELINE_STORES = ("redis", "sentinel", "postgres", "sqlite")
@@ -55,41 +51,32 @@ def failover_rounds(kind: str, ttl: float, rounds: int, tmp: Path) -> list[float
     """Seconds from each SIGKILL of the leader to the first leader task on another worker."""
     found: list[float] = []
     rng = random.Random(1)
-    with (
-        pytest.MonkeyPatch.context() as monkeypatch,
-        STORES[kind].run(tmp / "store", monkeypatch) as store,
-    ):
-        cluster = Cluster(tmp / "cluster", "redis", store_url=store.url)
-        cluster.env["LEADER_TTL"] = f"{ttl:g}"
-        cluster.env["LEADER_FAST_FAILOVER"] = "1"
-        try:
-            cluster.prime_store()
-            cluster.start(3)
-            for index in range(rounds):
-                leader = cluster.leader_worker(timeout=ttl * 3 + 20)
-                cluster.history_client.delete("history")
-                time.sleep(0.5 + rng.uniform(0, ttl / 3))
-                killed_at = time.monotonic()
-                if index % 2 == 0:
-                    leader.signal(signal.SIGKILL)
-                else:
-                    leader.proc.send_signal(signal.SIGKILL)
-                first = None
-                i = 0
-                while first is None and time.monotonic() < killed_at + ttl * 3 + 10:
-                    cluster.send("leader_record", i)
-                    i += 1
-                    new = [x for x in runs(cluster.history()) if x["worker"] != leader.nodename]
-                    if new:
-                        first = min(x["at"] for x in new)
-                    time.sleep(0.01)
-                if first is None:
-                    raise RuntimeError(f"{kind}, ttl {ttl:g}: no failover in round {index}")
-                found.append(first - killed_at)
-                leader.proc.wait(10)
-                cluster.start(1)
-        finally:
-            cluster.close()
+    with fast_cluster(kind, ttl, tmp) as cluster:
+        cluster.prime_store()
+        cluster.start(3)
+        for index in range(rounds):
+            leader = cluster.leader_worker(timeout=ttl * 3 + 20)
+            cluster.history_client.delete("history")
+            time.sleep(0.5 + rng.uniform(0, ttl / 3))
+            killed_at = time.monotonic()
+            if index % 2 == 0:
+                leader.signal(signal.SIGKILL)
+            else:
+                leader.proc.send_signal(signal.SIGKILL)
+            first = None
+            i = 0
+            while first is None and time.monotonic() < killed_at + ttl * 3 + 10:
+                cluster.send("leader_record", i)
+                i += 1
+                new = [x for x in runs(cluster.history()) if x["worker"] != leader.nodename]
+                if new:
+                    first = min(x["at"] for x in new)
+                time.sleep(0.01)
+            if first is None:
+                raise RuntimeError(f"{kind}, ttl {ttl:g}: no failover in round {index}")
+            found.append(first - killed_at)
+            leader.proc.wait(10)
+            cluster.start(1)
     return found
 
 

@@ -29,7 +29,9 @@ import pytest
 import redis
 
 from celery_leader.stores import open_store
+from celery_leader.stores.base import LeaseRecord
 from celery_leader.stores.redis_lifeline import client_name
+from harness.cluster import Cluster
 from tests.integration.test_beat import gaps, wait_sending
 from tests.lease.test_election import wait_for
 from tests.store_matrix import STORES
@@ -114,6 +116,17 @@ def _long_run_in_the_leader(cluster):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.slow
+def _record(cluster: Cluster, name: str) -> LeaseRecord:
+    """The store's record of election *name* (there must be one)."""
+    store = open_store(cluster.env["LEADER_STORE"], timeout=2)
+    try:
+        record = store.read(name)
+    finally:
+        store.close()
+    assert record is not None, f"no record of {name!r} in the store"
+    return record
+
+
 @pytest.mark.parametrize(
     ("lifeline_store", "what"),
     [
@@ -183,12 +196,7 @@ def test_a_killed_lifeline_connection_ends_the_term_before_the_next_begins(clust
     cluster = _fast_cluster(cluster_for)
     cluster.start(2)
     leader, long_run = _long_run_in_the_leader(cluster)
-    store = open_store(cluster.env["LEADER_STORE"], timeout=2)
-    try:
-        record = store.read(cluster.name)
-    finally:
-        store.close()
-    assert record is not None
+    record = _record(cluster, cluster.name)
     assert record.lifeline, "the leader's term is not tied to a lifeline"
     watch = GoneWatch()
     watch.add(long_run["pid"])
@@ -253,12 +261,7 @@ def _beats_sending(cluster_for, every: float):  # type: ignore[no-untyped-def]
     for _ in range(2):
         cluster.start_beat()
     sending, token = cluster.sending_beat(timeout=30)
-    store = open_store(cluster.env["LEADER_STORE"], timeout=2)
-    try:
-        record = store.read(cluster.beat_election)
-    finally:
-        store.close()
-    assert record is not None
+    record = _record(cluster, cluster.beat_election)
     assert record.token == token
     assert record.lifeline, "the beat's term is not tied to a lifeline"
     return cluster, sending, token, record.lifeline
