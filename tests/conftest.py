@@ -68,6 +68,7 @@ SERIAL = (
     "tests/stores/test_sqlite_lifeline.py::test_a_child_living_on_after_its_parent_was_killed",
     "tests/stores/test_sqlite_lifeline.py::test_a_follower_leads_within_a_second_of_its_leaders",
     "tests/stores/test_postgres_lifeline.py::test_a_killed_leader_is_taken_over_long_before",
+    "tests/stores/test_redis_lifeline.py::test_a_store_that_answers_late_pauses_the_term",
 )
 
 

@@ -61,10 +61,12 @@ What follows from "the same connection":
 
 A holder stopped whole (SIGSTOP, a frozen container) keeps its sockets open:
 its lifeline is kept, no follower takes over early, and its lease expires
-as before. A holder so starved that its confirmations come back later than
-:data:`GRACE` stops leading until the next one comes back (its terminate
-runs are ended at the deadline): leading with a lifeline asks the lease
-thread to be scheduled within a quarter of a second.
+as before. A holder whose confirmations come back later than :data:`GRACE`
+(a process so starved, a store so slow) stops leading until the next one
+comes back (its terminate runs are ended at the deadline), and goes on
+under the same terms then; a confirmation unanswered for
+:data:`CONFIRM_TIMEOUT` ends the lifeline. Leading with a lifeline asks the
+lifeline's thread to be scheduled within a quarter of a second.
 
 Who keeps the lifeline: the worker's (or beat's) main process, alone.
 Forked children drop their copy of its descriptor at fork (a child that
@@ -110,6 +112,11 @@ TAKEOVER_WAIT = GRACE + KILL_ALLOWANCE
 POLL_EVERY = 0.05
 #: Seconds before a holder whose lifeline could not be opened or ended tries a new one.
 REOPEN_AFTER = 1.0
+#: Seconds a confirmation may take before the holder gives its lifeline up (closes it and
+#: opens a new one). Longer than :data:`GRACE` on purpose: an answer later than the grace
+#: only pauses the holder's terms (their validity counts from the sending), and they
+#: resume with the next confirmation, where ending the lifeline would end them.
+CONFIRM_TIMEOUT = 1.0
 #: Seconds a lease manager waits at its start for the first confirmation of its process's
 #: lifeline before it competes: a term is tied only to a lifeline confirmed when it is
 #: acquired, and a worker's first term is often its longest.
@@ -248,10 +255,12 @@ class HolderLifeline:
         assert lifeline is not None
         sent = self._now()
         try:
-            lifeline.confirm(timeout=GRACE)
+            # A late answer is waited for (up to CONFIRM_TIMEOUT): meanwhile the terms'
+            # validity, counted from this sending, runs out and they pause; the answer, once
+            # in, lets the next confirmation resume them. No answer at all ends the lifeline:
+            # an answer after the timeout would be read as the next confirmation's.
+            lifeline.confirm(timeout=CONFIRM_TIMEOUT)
         except (LifelineEndedError, StoreError) as exc:
-            # No answer in time ends it too: a late answer would be read as the next
-            # confirmation's, which was sent later (rule 1 counts from the sending).
             self._end(lifeline, str(exc))
             return False
         except Exception as exc:  # noqa: BLE001 - a client failure we do not know: ended

@@ -61,6 +61,7 @@ from celery_leader._masking import mask_text
 from celery_leader.exceptions import StoreAuthError, StoreError
 from celery_leader.lease.bounded import BoundedCaller, store_call
 from celery_leader.lease.lifeline import (
+    CONFIRM_EVERY,
     OPEN_WAIT,
     TAKEOVER_WAIT,
     HolderLifeline,
@@ -743,18 +744,39 @@ class LeaseManager:
                 return 0.0
             now = self._clock()
         if held.elected_at is None and now >= held.hold_until:
-            if now >= held.valid_until or self._lifeline_ended(held):
-                # A renewal whose reply came after validity ended (a pause mid-call), or
-                # while the term's lifeline ended (a follower may take it over and lead):
-                # the term is over before it began. Never elect it.
-                if self._held is held:
-                    self._lose(LossReason.EXPIRED)
-                return 0.0
-            self._elect(held, now)
+            wait = self._end_hold_off(held, now)
+            if wait is not None:
+                return wait
         wake_at = min(held.next_renew_at, held.valid_until)
         if held.elected_at is None:
             wake_at = min(wake_at, held.hold_until)
         return max(0.0, wake_at - self._clock())
+
+    def _end_hold_off(self, held: _Held, now: float) -> float | None:
+        """Elect *held* at the end of its hold-off (None), or seconds until the next look."""
+        if now >= held.valid_until or self._lifeline_ended(held):
+            # A renewal whose reply came after validity ended (a pause mid-call), or
+            # while the term's lifeline ended (a follower may take it over and lead):
+            # the term is over before it began. Never elect it.
+            if self._held is held:
+                self._lose(LossReason.EXPIRED)
+            return 0.0
+        if self._lifeline_lapsed(held, now):
+            # Its lifeline's last confirmation is older than the grace (a slow answer
+            # is awaited): the term may not act, and its lifeline may have ended
+            # unheard. Elected only once a confirmation comes back; lost if it ends.
+            return min(CONFIRM_EVERY, max(0.0, held.next_renew_at - now))
+        self._elect(held, now)
+        return None
+
+    def _lifeline_lapsed(self, held: _Held, now: float) -> bool:
+        """True when *held* is tied to a lifeline whose validity ran out (no end heard yet)."""
+        lifeline = self._lifeline
+        return (
+            bool(held.lifeline)
+            and lifeline is not None
+            and (now >= lifeline.valid_until(held.lifeline))
+        )
 
     def _lifeline_ended(self, held: _Held) -> bool:
         """End *held* when the lifeline it is tied to ended (the lifeline's thread said so)."""

@@ -401,8 +401,8 @@ def draw(
         late_max=ttl * 1.5,
     )
     if lifelines:
-        # A confirmation that is lost, or slower than GRACE, ends a lifeline: with lost and
-        # slow messages as common as without lifelines, lifelines would hardly stay up and
+        # A confirmation that is lost, or slower than CONFIRM_TIMEOUT, ends a lifeline: with
+        # lost and slow messages as common as without lifelines, lifelines would hardly stay up and
         # the fast path would go unexercised. Scaled after the draw, so the rest of the plan
         # draws the same.
         share = LIFELINE_TROUBLE_SHARE

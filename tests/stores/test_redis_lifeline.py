@@ -196,3 +196,50 @@ def test_a_term_taken_over_in_its_hold_off_passes_the_rest_of_it_on(server):
         assert taken.hold_off > TTL - 2
     finally:
         fresh.close()
+
+
+def test_a_store_that_answers_late_pauses_the_term_and_it_resumes_unchanged(server):
+    """Redis stopped for 0.6 s: the holder's confirmations come back late, so its term pauses
+    (no token to run under) and resumes under the same token once they come back; the
+    lifeline is not given up for an answer that is merely late, so no new term begins."""
+    from celery_leader.lease import EventKind, LeaseManager, lifeline
+    from celery_leader.lease.timing import LeaseTiming
+
+    warm, first = open_store(server.url, timeout=1.0), Holder.for_this_process("warm-up")
+    warm.acquire(NAME, first, 1.0)  # so that the test's term has no first-start hold-off
+    warm.release(NAME, first.lease_id)
+    warm.close()
+    store = open_store(server.url, timeout=1.0)
+    manager = LeaseManager(
+        store,
+        NAME,
+        LeaseTiming.create(TTL),
+        holder=Holder.for_this_process("h"),
+        **lifeline.manager_options(store, server.url, enabled=True, label="the test"),
+    )
+    events = []
+    manager.add_listener(events.append)
+    manager.start()
+    try:
+        assert manager.wait_for_leadership(TTL * 2)
+        token = manager.current_token()
+        assert token is not None and manager.state().lifeline, "the term is tied to a lifeline"
+        assert server.proc is not None
+        tokens = []
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            stopped = time.monotonic()
+            while time.monotonic() - stopped < 0.6:
+                tokens.append(manager.current_token())
+                time.sleep(0.01)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        assert None in tokens, "a term whose confirmations are late must pause"
+        assert wait_for(lambda: manager.current_token() == token, 2.0), "the term did not resume"
+        time.sleep(0.5)
+        assert manager.current_token() == token
+        assert [e.kind for e in events] == [EventKind.ELECTED], events
+    finally:
+        manager.stop()
+        store.close()
+        lifeline.close_all()
