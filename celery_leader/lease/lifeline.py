@@ -160,11 +160,25 @@ class HolderLifeline:
     # -- reading (any thread) -------------------------------------------------
 
     def key(self) -> str:
-        """The key of the lifeline now confirmed; empty while none is (not yet, or ended)."""
+        """The key of the lifeline now confirmed; empty while none is.
+
+        Empty before the first confirmation, after the lifeline ended, and
+        while its last confirmation is older than :data:`GRACE` (an answer is
+        late): a term acquired then is tied to no lifeline.
+        """
         lifeline = self._lifeline
         if lifeline is None or self._now() >= self._valid_until:
             return ""
         return lifeline.key
+
+    def is_open(self, key: str) -> bool:
+        """True while *key* names the lifeline now open (confirmed lately or not).
+
+        Keys are never reopened: once this is False for a key, that
+        lifeline has ended for good.
+        """
+        lifeline = self._lifeline
+        return bool(key) and lifeline is not None and lifeline.key == key
 
     def valid_until(self, key: str) -> float:
         """Until when a term tied to *key* may act (lease clock); 0 when *key* is not current."""

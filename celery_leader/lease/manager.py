@@ -765,6 +765,15 @@ class LeaseManager:
             # Its lifeline's last confirmation is older than the grace (a slow answer
             # is awaited): the term may not act, and its lifeline may have ended
             # unheard. Elected only once a confirmation comes back; lost if it ends.
+            if self._state.role is not Role.HOLDING:
+                with self._lock:
+                    self._state = LeaseState(
+                        Role.HOLDING,
+                        held.token,
+                        held.valid_until,
+                        hold_until=held.hold_until,
+                        lifeline=held.lifeline,
+                    )
             return min(CONFIRM_EVERY, max(0.0, held.next_renew_at - now))
         self._elect(held, now)
         return None
@@ -779,15 +788,23 @@ class LeaseManager:
         )
 
     def _lifeline_ended(self, held: _Held) -> bool:
-        """End *held* when the lifeline it is tied to ended (the lifeline's thread said so)."""
+        """End *held* when the lifeline it is tied to ended.
+
+        The lifeline's thread says so; and since a key is never reopened, a
+        key that is not the open lifeline's any more has ended too, though
+        the news of it was overwritten by a later lifeline's end.
+        """
         ended, self._own_ended = self._own_ended, None
-        if not held.lifeline or ended != held.lifeline:
+        lifeline = self._lifeline
+        if not held.lifeline or lifeline is None:
+            return False
+        if ended != held.lifeline and lifeline.is_open(held.lifeline):
             return False
         # A follower may take over once its wait is out; the work stops now, and the
         # lease is handed over (or left to expire) as for a worker not fit to lead.
         term = held.term()
         self._lose(LossReason.LIFELINE_ENDED)
-        if held.elected_at is None:
+        if held.elected_at is None and self._clock() < held.hold_until:
             self._leave_hold_off_to_expire(held)
         else:
             self._release_after_stop(term)

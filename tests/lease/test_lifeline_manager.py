@@ -8,7 +8,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from celery_leader.exceptions import StoreCallTimeoutError
-from celery_leader.lease import LeaseEvent, LeaseManager, Role
+from celery_leader.lease import EventKind, LeaseEvent, LeaseManager, LossReason, Role
 from celery_leader.lease.lifeline import HolderLifeline, LifelineMonitor
 from celery_leader.lease.timing import LeaseTiming
 from celery_leader.simulation.model_store import ModelStore
@@ -227,3 +227,79 @@ def test_a_term_whose_lifeline_ended_during_its_hold_off_is_never_elected():
     manager.step()
     assert [event.kind for event in events] == []
     assert manager.state().role is Role.FOLLOWER
+
+
+class _Lines(_Lifelines):
+    """A new lifeline (a new key) at each opening; each ends once told to."""
+
+    def __init__(self) -> None:
+        self.opened: list[_EndingLine] = []
+
+    def open_lifeline(self) -> _EndingLine:  # type: ignore[override]
+        line = _EndingLine()
+        line.key = f"line-{len(self.opened) + 1}"  # type: ignore[misc]
+        self.opened.append(line)
+        return line
+
+
+def _manager_on(clock: _Clock, lifelines: _Lines, events: list[LeaseEvent]) -> LeaseManager:
+    """A manager on a fresh model store (its first term holds off 3 s), stepped by the test."""
+    holder = HolderLifeline(lifelines, "sim", now=clock)
+    manager = LeaseManager(
+        ModelStore(lambda: clock.now),  # type: ignore[arg-type]
+        "job",
+        LeaseTiming.create(3.0),
+        holder=Holder(lease_id="first", nodename="m0", hostname="h", pid=1),
+        listeners=(events.append,),
+        clock=clock,
+        lifeline=holder,
+        lifelines=LifelineMonitor(lifelines, "sim", now=clock, threaded=False),
+    )
+    holder.add_listeners(ended=manager._on_own_lifeline_ended)  # as LeaseManager._run does
+    holder.step()
+    manager.step()  # acquired, tied to line-1, holding off 3 s
+    assert manager.state().role is Role.HOLDING
+    assert manager.state().lifeline == "line-1"
+    return manager
+
+
+def test_a_term_is_elected_only_once_its_lifeline_is_confirmed_again():
+    """The hold-off ends while the lifeline's last confirmation is older than its grace (an
+    answer is late): the term is not elected then, since its lifeline may have ended unheard;
+    it is elected as soon as a confirmation comes back."""
+    clock, lifelines, events = _Clock(), _Lines(), []
+    manager = _manager_on(clock, lifelines, events)
+    holder = manager._lifeline
+    assert holder is not None
+    for _ in range(3):
+        clock.now += 1.0
+        manager.step()  # renewed; the lifeline's thread is late: no confirmation meanwhile
+    assert events == [], "elected while its lifeline's last confirmation is 3 s old"
+    assert manager.state().role is Role.HOLDING
+    assert manager.current_token() is None
+    holder.step()  # the late answer is in, and the next confirmation comes back
+    manager.step()
+    assert [event.kind for event in events] == [EventKind.ELECTED]
+    assert manager.current_token() is not None
+
+
+def test_a_lifeline_whose_end_was_overwritten_by_a_later_ones_still_ends_its_term():
+    """line-1 ends, line-2 opens and ends, all before the manager looks: the news of line-1
+    was overwritten, yet its term ends (a key is never reopened), and is not kept forever."""
+    clock, lifelines, events = _Clock(), _Lines(), []
+    manager = _manager_on(clock, lifelines, events)
+    holder = manager._lifeline
+    assert holder is not None
+    for _ in range(3):
+        clock.now += 1.0
+        holder.step()
+        manager.step()
+    assert [event.kind for event in events] == [EventKind.ELECTED]
+    lifelines.opened[0].gone = True
+    holder.step()  # line-1 ended
+    holder.step()  # line-2 opened
+    lifelines.opened[1].gone = True
+    holder.step()  # line-2 ended: the manager hears of line-2 only
+    manager.step()
+    assert [event.kind for event in events] == [EventKind.ELECTED, EventKind.LOST]
+    assert events[-1].reason is LossReason.LIFELINE_ENDED
