@@ -50,7 +50,13 @@ from collections.abc import Callable, Collection, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from celery_leader.lease.lifeline import TAKEOVER_WAIT, HolderLifeline, LifelineMonitor
+from celery_leader.lease.lifeline import (
+    CONFIRM_EVERY,
+    GRACE,
+    TAKEOVER_WAIT,
+    HolderLifeline,
+    LifelineMonitor,
+)
 from celery_leader.simulation.model_store import Broken, LeaseModel, Log
 from celery_leader.simulation.network import Network, NoReply, SuspendingThread
 from celery_leader.simulation.node import SCHEDULING_LATENCY
@@ -473,6 +479,7 @@ class ProcessLifelines:
         self._network = network
         self._server = server
         self._trace = trace
+        self._local_now = local_now
         self.holder_thread = StepThread(
             f"{process}/lifeline", rate, sched, rng, body=self._hold_step, after=self._judge
         )
@@ -525,7 +532,13 @@ class ProcessLifelines:
             self._after_step()
 
     def _hold_step(self) -> float:
-        return self.holder.step()
+        sent = self._local_now()
+        delay = self.holder.step()
+        took = self._local_now() - sent
+        if delay == CONFIRM_EVERY and took > GRACE and not self.dead:
+            # Answered, but after the grace: the terms paused and resume with the next one.
+            self._say(self.holder_thread, "lifeline confirmation answered late (%.3f s)", took)
+        return delay
 
     def _monitor_step(self) -> float | None:
         # The real monitor's thread ends while nothing is followed; follow() starts it.

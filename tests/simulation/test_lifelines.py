@@ -255,6 +255,7 @@ def test_lifeline_runs_suffer_every_fault_that_ends_a_lifeline_and_take_over():
         "dropped (the server's keepalive gave up)",
         "cut off from the store",
         "paused for",
+        "answered late",
         "saw lifeline",
         "take-over by",
         "(lifeline-ended)",
