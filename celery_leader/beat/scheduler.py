@@ -118,9 +118,11 @@ T = TypeVar("T")
 TOKEN_HEADER = "leader_beat_token"  # noqa: S105 - a header name, not a secret
 #: The longest the leader sleeps between ticks (beat's loop sleeps uninterruptibly).
 MAX_TICK = 0.5
-#: The longest a standby sleeps between ticks: it sees its election at the next
-#: tick, so this bounds the delay from winning the lease to the first send.
+#: The longest a standby sleeps between ticks. It sleeps in its tick, on the election's
+#: event, so winning the lease ends the sleep at once (see _standby_sleep).
 STANDBY_TICK = 0.1
+#: What a standby leaves beat's loop to sleep after its own sleep in the tick (s).
+STANDBY_REST = 0.001
 #: A send counts as covering the current slot when less than this fraction of
 #: the period was left after it (ticks jitter by milliseconds).
 SLOT_TOLERANCE = 0.1
@@ -178,6 +180,8 @@ class BeatElection:
 
     def __init__(self, settings: LeaderSettings) -> None:
         self.settings = settings
+        #: Set by the lease thread when a term begins: a standby's wait ends at once.
+        self._elected = threading.Event()
         self.store = open_store(
             settings.backend_url,
             timeout=settings.timing.op_timeout,
@@ -192,6 +196,7 @@ class BeatElection:
             holder=self.holder,
             liveness=self.is_live,
             release_guard=self.no_publish_in_flight,
+            on_elected=lambda _event: self._elected.set(),
             **lifeline.manager_options(
                 self.store,
                 settings.masked_backend_url,
@@ -261,6 +266,12 @@ class BeatElection:
         self._request_calls.close()
         self._control_calls.close()
         self.store.close()
+
+    def wait_for_election(self, timeout: float) -> bool:
+        """Block beat's loop for up to *timeout* seconds; True as soon as a term began."""
+        elected = self._elected.wait(timeout)
+        self._elected.clear()
+        return elected
 
     # -- liveness -------------------------------------------------------------
 
@@ -621,10 +632,13 @@ class LeaderSchedulerMixin:
         if token is not None and token == election.seen_token:
             self._leader_steer(election, token)
         if token is None and self._leader_mode == "idle":
-            return STANDBY_TICK
+            return _standby_sleep(election, STANDBY_TICK)
         interval = super().tick(*args, **kwargs)  # type: ignore[misc]
-        cap = MAX_TICK if token is not None else STANDBY_TICK
-        return float(min(interval, cap)) if interval else float(interval or 0)
+        if not interval:
+            return float(interval or 0)
+        if token is not None:
+            return float(min(interval, MAX_TICK))
+        return _standby_sleep(election, float(min(interval, STANDBY_TICK)))
 
     def _on_elected(self, token: int) -> bool:
         """Count every entry from the previous leaders' last send, by the missed policy.
@@ -1010,6 +1024,19 @@ def _shallow_copy(entry: Any) -> Any:
     clone = object.__new__(type(entry))
     clone.__dict__.update(entry.__dict__)
     return clone
+
+
+def _standby_sleep(election: BeatElection, seconds: float) -> float:
+    """A standby's sleep between ticks, taken in the tick: it ends as soon as a term begins.
+
+    Celery's beat loop sleeps what the tick returns, and nothing wakes it.
+    Sleeping here instead, on the election's event, lets a standby that
+    just won the lease send its first slot at once, not up to
+    :data:`STANDBY_TICK` later. Returns the rest for beat's loop: nothing
+    when elected (the next tick leads), else a millisecond, so that Celery
+    still looks at its sync interval after the sleep.
+    """
+    return 0.0 if election.wait_for_election(seconds) else STANDBY_REST
 
 
 def _standby_mode(conf: Any, beat: BeatSettings, wrapped: type, state: ScheduleState) -> str:

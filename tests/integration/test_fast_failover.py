@@ -347,3 +347,34 @@ def test_a_killed_beat_lifeline_connection_ends_its_term_before_the_next_begins(
     assert old.proc.poll() is None, "the beat itself must live on"
     who = "the same beat" if new is old else "the other beat"
     print(f"beat lifeline killed -> first send of the next term ({who}): {took:.3f} s")
+
+
+@pytest.mark.slow
+def test_a_store_restart_never_lets_two_beat_terms_send_at_once(cluster_for):
+    """The lease store restarts empty under two beats: every lifeline ends with it (the sending
+    beat's term with its lifeline), and no follower can take over early across a restart (its
+    readings start a new session). The next term, after the restarted store's hold-off, sends
+    only after the last send of the term before, under a higher token.
+
+    Slots may be sent twice here: the send marks were in the store that lost its data.
+    """
+    cluster, _old, token, _ = _beats_sending(cluster_for, every=0.2)
+    time.sleep(1)
+    assert cluster.store is not None
+    restarted_at = time.monotonic()
+    cluster.store.restart_empty()
+    _new, new_token = cluster.sending_beat(timeout=TTL * 3 + 10, after=token)
+    time.sleep(1)
+    sends = cluster.beat_sends()
+    assert new_token > token
+    mine = [s for s in sends if s["token"] == token]
+    theirs = [s for s in sends if s["token"] != token]
+    assert mine and theirs
+    assert min(s["token"] for s in theirs) > token, "a term below the one before sent"
+    assert max(s["at"] for s in mine) < min(s["at"] for s in theirs), (
+        "the term before the restart sent after the next one began"
+    )
+    stopped = max(s["at"] for s in mine) - restarted_at
+    assert stopped < 1.0, f"the term whose store restarted sent {stopped:.2f} s after it"
+    took = min(s["at"] for s in theirs) - restarted_at
+    assert took >= TTL * 0.9, f"a term sent {took:.2f} s after an empty restart (hold-off {TTL:g})"
