@@ -133,11 +133,18 @@ class Beat(Worker):
     """One ``celery beat`` process of tests.integration.leaderapp."""
 
     def __init__(
-        self, env: dict[str, str], name: str, logdir: Path, extra: list[str], app: str = TASKS
+        self,
+        env: dict[str, str],
+        name: str,
+        logdir: Path,
+        extra: list[str],
+        app: str = TASKS,
+        wrapper: list[str] | None = None,
     ) -> None:
         self.nodename = name
         self.log = logdir / f"{name}.log"
         args = [
+            *(wrapper or []),  # a command that runs beat's (a network namespace's, say)
             sys.executable,
             "-m",
             "celery",
@@ -260,10 +267,15 @@ class Cluster:
                 worker.wait_ready()
         return started
 
-    def start_beat(self, extra: list[str] | None = None, app: str = TASKS) -> Beat:
-        """Start a ``celery beat`` process of *app* with its own schedule file."""
+    def start_beat(
+        self, extra: list[str] | None = None, app: str = TASKS, wrapper: list[str] | None = None
+    ) -> Beat:
+        """Start a ``celery beat`` process of *app* with its own schedule file.
+
+        *wrapper* is a command line that runs beat's command (``ip netns exec ...``).
+        """
         index = len(self.beats) + 1
-        beat = Beat(self.env, f"beat{index}", self.tmp, extra or [], app)
+        beat = Beat(self.env, f"beat{index}", self.tmp, extra or [], app, wrapper)
         self.beats.append(beat)
         return beat
 

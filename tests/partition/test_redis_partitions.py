@@ -8,6 +8,8 @@ accepted, nothing lost) plus the bounds of tests/partition/scenarios.py.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.partition.scenarios import FAULTS, PartitionBed, run_scenario
@@ -66,3 +68,37 @@ def test_store_slower_than_the_renew_interval_ends_the_term(redis_bed: Partition
 def test_follower_frozen_past_the_ttl_does_not_act_when_continued(redis_bed: PartitionBed) -> None:
     """A follower's process group stopped past the ttl, then continued: one term throughout."""
     _judge(redis_bed, "follower-frozen")
+
+
+def test_beat_cut_from_the_store_with_lifelines_stops_before_another_sends(
+    redis_fast_bed: PartitionBed,
+) -> None:
+    """Two beats on hosts of their own with leader_fast_failover; the sending one is cut from
+    the store. It cannot confirm its lifeline, so it stops sending within the grace; the other
+    beat (the partition is not a death) waits for the lease, then sends under a higher token,
+    never while the cut one still sent."""
+    bed = redis_fast_bed
+    cluster = bed.cluster
+    cluster.env["LEADER_BEAT_EVERY"] = "0.2"
+    beats = [(cluster.start_beat(wrapper=bed.net.wrapper(host)), host) for host in ("w1", "w2")]
+    old, token = cluster.sending_beat(timeout=bed.ttl * 3 + 30)
+    (host,) = [host for beat, host in beats if beat is old]
+    time.sleep(1)
+    cut_at = time.monotonic()
+    bed.net.cut(host, "store")
+    try:
+        _new, new_token = cluster.sending_beat(timeout=bed.ttl * 3 + 20, after=token)
+        time.sleep(1)
+    finally:
+        bed.net.heal()
+    sends = cluster.beat_sends()
+    mine = [s for s in sends if s["token"] == token]
+    theirs = [s for s in sends if s["token"] != token and s["at"] > cut_at]
+    assert new_token > token
+    assert mine and theirs
+    assert min(s["token"] for s in theirs) > token
+    assert max(s["at"] for s in mine) < min(s["at"] for s in theirs), (
+        "the beat cut from the store sent after the next term began"
+    )
+    stopped = max(s["at"] for s in mine) - cut_at
+    assert stopped < 1.0, f"the cut beat sent {stopped:.2f} s after the cut"
