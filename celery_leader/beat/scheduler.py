@@ -72,10 +72,12 @@ import datetime as dt
 import json
 import logging
 import math
+import queue
 import signal
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any, TypeVar
 
 from celery.beat import PersistentScheduler
@@ -180,8 +182,10 @@ class BeatElection:
 
     def __init__(self, settings: LeaderSettings) -> None:
         self.settings = settings
-        #: Set by the lease thread when a term begins: a standby's wait ends at once.
-        self._elected = threading.Event()
+        #: One item per term begun, put by the lease thread: a standby's wait ends at once.
+        #: A SimpleQueue, not an Event: its put never waits on a lock that beat's loop
+        #: may hold when a signal handler stops beat from that loop's thread.
+        self._elected: queue.SimpleQueue[None] = queue.SimpleQueue()
         self.store = open_store(
             settings.backend_url,
             timeout=settings.timing.op_timeout,
@@ -196,7 +200,7 @@ class BeatElection:
             holder=self.holder,
             liveness=self.is_live,
             release_guard=self.no_publish_in_flight,
-            on_elected=lambda _event: self._elected.set(),
+            on_elected=lambda _event: self._elected.put(None),
             **lifeline.manager_options(
                 self.store,
                 settings.masked_backend_url,
@@ -267,11 +271,22 @@ class BeatElection:
         self._control_calls.close()
         self.store.close()
 
+    def forget_elections(self) -> None:
+        """Forget the terms begun so far (beat's tick, before it reads the token)."""
+        with suppress(queue.Empty):
+            while True:
+                self._elected.get_nowait()
+
     def wait_for_election(self, timeout: float) -> bool:
-        """Block beat's loop for up to *timeout* seconds; True as soon as a term began."""
-        elected = self._elected.wait(timeout)
-        self._elected.clear()
-        return elected
+        """Block beat's loop up to *timeout* s; True as soon as a term begins.
+
+        A term begun since :meth:`forget_elections` counts (it returns at once).
+        """
+        try:
+            self._elected.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        return True
 
     # -- liveness -------------------------------------------------------------
 
@@ -611,6 +626,7 @@ class LeaderSchedulerMixin:
         election = self._election()
         election.start()
         election.ticked()
+        election.forget_elections()  # a term begun from here on ends a standby's sleep
         token = election.token()
         if token is None and election.seen_token is not None:
             # The term ended: what this beat had not saved is older than what the
@@ -1036,6 +1052,8 @@ def _standby_sleep(election: BeatElection, seconds: float) -> float:
     when elected (the next tick leads), else a millisecond, so that Celery
     still looks at its sync interval after the sleep.
     """
+    if seconds <= 0:
+        return seconds  # due now (the wrapped scheduler's interval may be negative): no sleep
     return 0.0 if election.wait_for_election(seconds) else STANDBY_REST
 
 

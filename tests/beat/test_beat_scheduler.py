@@ -416,3 +416,53 @@ def test_run_now_is_sent_once_and_recorded_before_the_send_is_over(scheduler, re
         assert not [m for m in sent(app) if "@manual:" in m.get(OCCURRENCE_HEADER, "")]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("mode", ["idle", "reserve"])
+def test_a_standby_wakes_as_soon_as_it_is_elected(scheduler, monkeypatch, mode):
+    """A standby sleeps in its tick, on its election: the leader's release ends that sleep at
+    once, not at the end of the standby's tick (made 5 s here), so the first send can follow."""
+    import threading
+
+    from celery_leader.beat import scheduler as scheduler_module
+
+    monkeypatch.setattr(scheduler_module, "STANDBY_TICK", 5.0)
+    app, leader = scheduler("once", leader_beat_standby=mode)
+    standby = LeaderScheduler(
+        app=app, schedule_filename=leader.schedule_filename + "-2", lazy=False
+    )
+    try:
+        assert standby._election().token() is None  # it competes from its start: a standby
+        returned: list[float] = []
+        took: list[float] = []
+
+        def tick() -> None:
+            started = time.monotonic()
+            returned.append(standby.tick())
+            took.append(time.monotonic() - started)
+
+        ticking = threading.Thread(target=tick)
+        ticking.start()
+        _tick_for(leader, 0.5)  # the leader's loop runs (a leader whose loop stalls steps down)
+        assert not took, "the standby's tick returned before anything happened"
+        leader.close()  # releases: the standby acquires at once (it hears the release)
+        ticking.join(10)
+        assert took, "the standby's tick did not return"
+        assert returned == [0.0], "an elected standby's tick asks beat's loop to tick again now"
+        assert took[0] < 3.0, f"the standby slept {took[0]:.2f} s of its 5 s tick"
+        assert standby._election().token() is not None
+    finally:
+        standby.close()
+
+
+def test_a_standby_with_an_entry_overdue_does_not_sleep():
+    """The wrapped scheduler's interval may be zero or negative (an entry overdue): the
+    standby's sleep is then none at all, as Celery's loop would take it."""
+    from celery_leader.beat.scheduler import _standby_sleep
+
+    class NeverElected:
+        def wait_for_election(self, timeout: float) -> bool:
+            raise AssertionError(f"waited {timeout} s for an entry already due")
+
+    assert _standby_sleep(NeverElected(), -0.5) == -0.5  # type: ignore[arg-type]
+    assert _standby_sleep(NeverElected(), 0.0) == 0.0  # type: ignore[arg-type]

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from celery_leader.stores import open_store
 from tests.partition.scenarios import FAULTS, PartitionBed, run_scenario
 
 pytestmark = [pytest.mark.partition, pytest.mark.slow]
@@ -83,15 +84,24 @@ def test_beat_cut_from_the_store_with_lifelines_stops_before_another_sends(
     beats = [(cluster.start_beat(wrapper=bed.net.wrapper(host)), host) for host in ("w1", "w2")]
     old, token = cluster.sending_beat(timeout=bed.ttl * 3 + 30)
     (host,) = [host for beat, host in beats if beat is old]
+    store = open_store(cluster.env["LEADER_STORE"], timeout=2)
+    try:
+        record = store.read(cluster.beat_election)
+    finally:
+        store.close()
+    assert record is not None and record.token == token
+    assert record.lifeline, "the sending beat's term is not tied to a lifeline"
     time.sleep(1)
     cut_at = time.monotonic()
     bed.net.cut(host, "store")
     try:
-        _new, new_token = cluster.sending_beat(timeout=bed.ttl * 3 + 20, after=token)
+        new, new_token = cluster.sending_beat(timeout=bed.ttl * 3 + 20, after=token)
         time.sleep(1)
     finally:
         bed.net.heal()
+    time.sleep(0.5)  # a send of the cut beat once it reaches the store again counts too
     sends = cluster.beat_sends()
+    assert new is not old, "the other beat takes over (the cut one cannot reach the store)"
     mine = [s for s in sends if s["token"] == token]
     theirs = [s for s in sends if s["token"] != token and s["at"] > cut_at]
     assert new_token > token
