@@ -706,14 +706,7 @@ class LeaseManager:
                 held.token,
                 result.hold_off,
             )
-            with self._lock:
-                self._state = LeaseState(
-                    Role.HOLDING,
-                    held.token,
-                    held.valid_until,
-                    hold_until=held.hold_until,
-                    lifeline=held.lifeline,
-                )
+            self._hold(held)
         self._held = held
         return self._keep()
 
@@ -766,17 +759,21 @@ class LeaseManager:
             # is awaited): the term may not act, and its lifeline may have ended
             # unheard. Elected only once a confirmation comes back; lost if it ends.
             if self._state.role is not Role.HOLDING:
-                with self._lock:
-                    self._state = LeaseState(
-                        Role.HOLDING,
-                        held.token,
-                        held.valid_until,
-                        hold_until=held.hold_until,
-                        lifeline=held.lifeline,
-                    )
+                self._hold(held)
             return min(CONFIRM_EVERY, max(0.0, held.next_renew_at - now))
         self._elect(held, now)
         return None
+
+    def _hold(self, held: _Held) -> None:
+        """Show *held* as holding off: the lease is ours in the store, no work runs under it."""
+        with self._lock:
+            self._state = LeaseState(
+                Role.HOLDING,
+                held.token,
+                held.valid_until,
+                hold_until=held.hold_until,
+                lifeline=held.lifeline,
+            )
 
     def _lifeline_lapsed(self, held: _Held, now: float) -> bool:
         """True when *held* is tied to a lifeline whose validity ran out (no end heard yet)."""
