@@ -370,6 +370,9 @@ def test_a_process_stopped_in_a_transaction_blocks_the_file_until_it_dies(tmp_pa
     steps down: fail closed); its death, even by SIGKILL, frees the file at once."""
     path = tmp_path / "leader.db"
     store = open_store(f"sqlite:///{path}", timeout=0.5)
+    # The lease is taken before the holder starts: taken after, it raced the holder's
+    # BEGIN IMMEDIATE and lost whenever the child's start beat the call.
+    assert store.acquire("job", Holder("a", "n", "h", 1), 5.0).acquired
     holder = subprocess.Popen(
         [
             sys.executable,
@@ -384,7 +387,6 @@ def test_a_process_stopped_in_a_transaction_blocks_the_file_until_it_dies(tmp_pa
         text=True,
     )
     try:
-        assert store.acquire("job", Holder("a", "n", "h", 1), 5.0).acquired
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         os.kill(holder.pid, signal.SIGSTOP)
         started = time.monotonic()
