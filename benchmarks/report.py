@@ -46,6 +46,7 @@ BENCHMARKS = [
     ("Named elections moving: a step-down, a worker's death", "benchmarks.election_moves", False),
     ("Fast failover: a leader's death seen at once", "benchmarks.fast_failover", True),
     ("What fast failover adds to the store's load", "benchmarks.lifeline_load", False),
+    ("Who led each election, as Prometheus scraped it", "benchmarks.leader_timeline", False),
 ]
 #: Arguments a benchmark is run with beyond ``--rounds`` (and ``--json``).
 ARGUMENTS = {"benchmarks.fast_failover": ["--what", "workers", "beat"]}

@@ -268,14 +268,22 @@ class Cluster:
         return started
 
     def start_beat(
-        self, extra: list[str] | None = None, app: str = TASKS, wrapper: list[str] | None = None
+        self,
+        extra: list[str] | None = None,
+        app: str = TASKS,
+        wrapper: list[str] | None = None,
+        *,
+        env: dict[str, str] | None = None,
     ) -> Beat:
         """Start a ``celery beat`` process of *app* with its own schedule file.
 
-        *wrapper* is a command line that runs beat's command (``ip netns exec ...``).
+        *wrapper* is a command line that runs beat's command (``ip netns exec ...``);
+        *env* is added to the cluster's environment.
         """
         index = len(self.beats) + 1
-        beat = Beat(self.env, f"beat{index}", self.tmp, extra or [], app, wrapper)
+        beat = Beat(
+            {**self.env, **(env or {})}, f"beat{index}", self.tmp, extra or [], app, wrapper
+        )
         self.beats.append(beat)
         return beat
 
