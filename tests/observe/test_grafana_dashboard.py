@@ -25,6 +25,15 @@ SERIES_SUFFIXES = {
     "counter": ("_total", "_created"),
     "histogram": ("_bucket", "_sum", "_count", "_created"),
 }
+#: Families another change adds to metrics.py alongside the alert rules and the
+#: dashboard that use them; allowed here until metrics.py exports them (a test below
+#: fails once it does: then drop the entry).
+ADDED_ALONGSIDE = {
+    "celery_leader_lease_ttl_seconds": "gauge",
+    "celery_leader_renew_interval_seconds": "gauge",
+    "celery_leader_watchdog_up": "gauge",
+    "celery_leader_watchdog_replacements": "counter",
+}
 
 
 @cache
@@ -45,9 +54,18 @@ def exported_series() -> frozenset[str]:
     )
 
 
+@cache
+def known_series() -> frozenset[str]:
+    """The exported series and those of the families :data:`ADDED_ALONGSIDE`."""
+    added = (
+        name + suffix for name, kind in ADDED_ALONGSIDE.items() for suffix in SERIES_SUFFIXES[kind]
+    )
+    return exported_series() | frozenset(added)
+
+
 def unknown_series(expr: str) -> set[str]:
     """The metric names in PromQL *expr* that no worker exports."""
-    return set(METRIC_NAME.findall(expr)) - exported_series()
+    return set(METRIC_NAME.findall(expr)) - known_series()
 
 
 def load() -> dict[str, Any]:
@@ -104,6 +122,11 @@ def test_the_families_are_read_from_the_package():
     assert "celery_leader_elections_total" in exported_series()
 
 
+def test_families_added_alongside_are_not_exported_yet():
+    """An entry of ADDED_ALONGSIDE that metrics.py now exports is stale: drop it."""
+    assert set(ADDED_ALONGSIDE) & set(exported_families()) == set()
+
+
 def test_the_dashboard_imports_with_a_prometheus_data_source_input():
     """__inputs asks for a Prometheus data source; __requires names Grafana and Prometheus."""
     dashboard = load()
@@ -155,7 +178,7 @@ def test_queries_name_only_series_the_workers_export():
 def test_descriptions_name_only_existing_metrics():
     """A metric named in a description is a family or a series that exists."""
     dashboard = load()
-    known = exported_series() | set(exported_families())
+    known = known_series() | set(exported_families()) | set(ADDED_ALONGSIDE)
     for panel in panels(dashboard):
         named = set(METRIC_NAME.findall(panel.get("description", "")))
         assert named <= known, (panel["title"], named - known)
