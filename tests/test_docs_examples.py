@@ -7,11 +7,11 @@ below too). This module runs the
 examples that no other test runs: the task, election, overlap, fencing,
 beat, signal and metrics snippets on the real package (fencing on a real
 redis-server, sending by name onto a real broker), and the deployment files
-(alert rules, Kubernetes manifests, systemd units) against the metric names
-and ports the package really has. The Quickstart, Django, Testing and
-PostgreSQL examples are run by tests/test_docs_quickstart.py,
-tests/test_docs_django.py, tests/test_docs_testing.py and
-tests/stores/test_postgres.py.
+(Kubernetes manifests, systemd units) against the ports and commands the
+package really has. The Quickstart, Django, Testing and PostgreSQL examples
+are run by tests/test_docs_quickstart.py, tests/test_docs_django.py,
+tests/test_docs_testing.py and tests/stores/test_postgres.py, the alert
+rules of docs/prometheus by tests/observe/test_alert_rules.py.
 
 Every ``celery ... leader ...`` line of the docs and the README is checked
 against the click commands: a renamed command or option fails here.
@@ -73,7 +73,9 @@ RUN_BY = {
     "examples/metrics_settings.py": (
         _HERE + "test_kubernetes_manifests_probe_the_health_endpoint_on_the_metrics_ports"
     ),
-    "examples/alerts.yml": _HERE + "test_alert_rules_use_exported_metrics_only",
+    "prometheus/celery-leader-rules.yml": (
+        "tests/observe/test_alert_rules.py::test_rules_query_only_exported_series"
+    ),
     "examples/kubernetes/worker.yaml": (
         _HERE + "test_kubernetes_manifests_probe_the_health_endpoint_on_the_metrics_ports"
     ),
@@ -328,22 +330,6 @@ def metrics_ports() -> tuple[int, int]:
 
 
 # --- deployment files -------------------------------------------------------------------
-
-
-def test_alert_rules_use_exported_metrics_only():
-    """examples/alerts.yml parses, and every series it queries is one a worker exports."""
-    sys.path.insert(0, str(DOCS / "_ext"))
-    try:
-        from metrics_reference import exposed_names, metric_families
-    finally:
-        sys.path.remove(str(DOCS / "_ext"))
-    exported = {
-        name for family, kind, _, _ in metric_families() for name in exposed_names(family, kind)
-    }
-    rules = yaml.safe_load((EXAMPLES / "alerts.yml").read_text())
-    expressions = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
-    used = {name for expr in expressions for name in re.findall(r"celery_leader_\w+", expr)}
-    assert len(used) == 3 and used <= exported, used - exported
 
 
 def test_kubernetes_manifests_probe_the_health_endpoint_on_the_metrics_ports(clean_modules):
