@@ -108,6 +108,7 @@ from celery_leader.settings import (
     spelled_in,
     step_down_slot,
 )
+from celery_leader.skip_reasons import SLOT_PAUSED, SLOT_WINDOW
 from celery_leader.startup_error import StartupConfigurationError
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
@@ -627,6 +628,9 @@ class LeaderSchedulerMixin:
         election.start()
         election.ticked()
         election.forget_elections()  # a term begun from here on ends a standby's sleep
+        if election.metrics is not None:  # each entry's series exists before its first send
+            names = self._leader_state.entry_names(self)
+            election.metrics.beat_entries(self._leader_settings.name, names)
         token = election.token()
         if token is None and election.seen_token is not None:
             # The term ended: what this beat had not saved is older than what the
@@ -740,7 +744,7 @@ class LeaderSchedulerMixin:
             entry.name,
             "skip" if window == 0 else f"{window:g} s",
         )
-        self._leader_count_skip(entry.name, "window")
+        self._leader_count_skip(entry.name, SLOT_WINDOW)
         return False
 
     def _leader_window_on_own_record(self) -> None:
@@ -883,11 +887,11 @@ class LeaderSchedulerMixin:
             # Read again under the flag (raised first, as for a send): a term that ended
             # meanwhile writes no mark.
             if election.leading() == token:
-                election.mark_sent(entry.name, token, time.time(), skipped="paused")
+                election.mark_sent(entry.name, token, time.time(), skipped=SLOT_PAUSED)
         finally:
             election.published(None)
         election.steering.sent()
-        self._leader_count_skip(entry.name, "paused")
+        self._leader_count_skip(entry.name, SLOT_PAUSED)
         return True
 
     def _leader_count_skip(self, entry_name: str, reason: str) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,16 @@ class ScheduleState:
         """Every entry of the schedule by name, due or not (the schedule view, run-now)."""
         return dict(scheduler.schedule)
 
+    def entry_names(self, scheduler: Any) -> AbstractSet[str]:
+        """The names of the entries the scheduler holds in memory now, read without I/O.
+
+        Beat's loop asks at every tick (the metrics make each entry's series
+        at 0 before its first send), on standbys too: no store, Redis or
+        database call. Here the schedule itself, which the beat process keeps.
+        """
+        names: AbstractSet[str] = scheduler.schedule.keys()
+        return names
+
     def last_sent(self, scheduler: Any, marks: Mapping[str, float]) -> dict[str, float]:
         """For each entry name with a mark (unix time), when to count it from.
 
@@ -92,6 +103,10 @@ class UnknownState(ScheduleState):
     """A scheduler of unknown storage: its standbys stay idle unless told otherwise."""
 
     auto_mode = "idle"
+
+    def entry_names(self, scheduler: Any) -> AbstractSet[str]:
+        """The entries of ``beat_schedule``: its ``schedule`` may read its storage."""
+        return _configured(scheduler)
 
 
 class RedBeatState(ScheduleState):
@@ -136,6 +151,14 @@ class RedBeatState(ScheduleState):
     def anchor(self, scheduler: Any, entry: Any, sent_at: float) -> None:
         """Count *entry* from *sent_at* in Redis, where RedBeat keeps its last run."""
         entry.reschedule(last_run_at=schedule_time(entry, sent_at))
+
+    def entry_names(self, scheduler: Any) -> AbstractSet[str]:
+        """The entries of ``beat_schedule`` (RedBeat's static ones).
+
+        RedBeat's ``schedule`` holds only the due entries and reads Redis:
+        an entry added to Redis alone is counted from its first send.
+        """
+        return _configured(scheduler)
 
 
 class DjangoDatabaseState(ScheduleState):
@@ -257,6 +280,15 @@ class DjangoDatabaseState(ScheduleState):
         scheduler._dirty.clear()
         self._changed(scheduler).clear()
 
+    def entry_names(self, scheduler: Any) -> AbstractSet[str]:
+        """The rows the scheduler loaded (read at start, again when the table changed).
+
+        django-celery-beat 2.8 and later load a row once it may fall due
+        within minutes; its ``schedule`` property would ask the database.
+        """
+        loaded = getattr(scheduler, "_schedule", None) or {}
+        return loaded.keys()
+
     @staticmethod
     def _changed(scheduler: Any) -> dict[str, Any]:
         """The rows this module changed on *scheduler* and has not saved yet, by entry name."""
@@ -269,6 +301,11 @@ class DjangoDatabaseState(ScheduleState):
         # database whether anything changed, once per entry.
         loaded = getattr(scheduler, "_schedule", None) or {}
         return loaded.get(entry.name, entry)
+
+
+def _configured(scheduler: Any) -> AbstractSet[str]:
+    """The names of the entries in the app's ``beat_schedule``."""
+    return (scheduler.app.conf.beat_schedule or {}).keys()
 
 
 def _unix(when: dt.datetime) -> float:

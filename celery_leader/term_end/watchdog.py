@@ -177,6 +177,9 @@ class Watchdog:
         self._heartbeat = mmap.mmap(-1, _BEAT.size)
         #: Held while a dead watchdog is replaced: every election's lease thread may ask.
         self._replacing = threading.Lock()
+        #: Watchdogs started by :meth:`replace_if_dead` because the one before died (or
+        #: stopped passing for good); read by the metrics when scraped.
+        self.replacements = 0
 
     def start(self) -> None:
         """Fork the watchdog (call before the pool forks, with as few threads as possible)."""
@@ -293,6 +296,7 @@ class Watchdog:
             except OSError:
                 logger.exception("celery-leader: cannot start a new run watchdog; not renewing")
                 return False
+            self.replacements += 1
             return self.alive()
 
     def restart(self) -> None:

@@ -254,7 +254,7 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
         try:
             if settings.metrics.enabled:
                 check_metrics_extra(settings.metrics)
-                from celery_leader.observe.metrics import enable_metrics  # noqa: PLC0415 - optional extra
+                from celery_leader.observe.metrics import enable_worker_metrics  # noqa: PLC0415 - optional extra
             # One store client per election: each lease manager renews on its own thread.
             stores = {election: self._open_store() for election in elections}
             # Every election has the default one's ttl: one look at the server's limits.
@@ -295,8 +295,7 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
             coordinator.balancer = self._balancer(coordinator)
         coordinator.install()  # forks the watchdog: before any thread of ours starts
         if settings.metrics.enabled:
-            for taking_part in coordinator.elections.values():
-                enable_metrics(settings.metrics, taking_part.manager)
+            enable_worker_metrics(settings.metrics, coordinator, leader_tasks)
         if settings.metrics.port is not None:
             _serve(settings, coordinator)
         self.coordinator = coordinator

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from celery.worker.state import task_ready, task_reserved
 
 from celery_leader.signals import leader_task_skipped
+from celery_leader.skip_reasons import TASK_OCCURRENCE, TASK_OVERLAP
 from celery_leader.worker.occurrences import REDELIVERED, RUNNING, occurrence_of, result_ready
 from celery_leader.worker.overlap import RUN as OVERLAP_RUN
 from celery_leader.worker.overlap import SKIPPED, WAIT, Overlaps, store_result
@@ -154,11 +155,11 @@ class Gate:
             occurrence,
             "is running here" if why == RUNNING else "completed already",
         )
-        info = {"reason": "occurrence", "occurrence": occurrence}
+        info = {"reason": TASK_OCCURRENCE, "occurrence": occurrence}
         store_result(request.task, lambda backend: backend.store_result(request.id, info, SKIPPED))
         request.acknowledge()
         task_ready(request)  # not reserved any more: the hand-back at a term's end skips it
-        self._skipped(request, None, reason="occurrence", occurrence=occurrence)
+        self._skipped(request, None, reason=TASK_OCCURRENCE, occurrence=occurrence)
         return False
 
     def claim_occurrence(self, request: Any) -> None:
@@ -190,7 +191,7 @@ class Gate:
             request.leader_parked_qos = qos
 
     def _skipped(
-        self, request: Any, key: str | None, reason: str = "overlap", **extra: Any
+        self, request: Any, key: str | None, reason: str = TASK_OVERLAP, **extra: Any
     ) -> None:
         election = request.leader_election or self._host.lease_of(None)
         self._host.send_signal(

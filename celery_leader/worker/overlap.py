@@ -37,6 +37,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from celery_leader.skip_reasons import TASK_OVERLAP
 from celery_leader.tasks.overlap import Overlap, OverlapKeyError, overlap_key
 
 logger = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ class Overlaps:
                 key,
                 policy.value,
             )
-            info = {"reason": "overlap", "key": key}
+            info = {"reason": TASK_OVERLAP, "key": key}
             store_result(task, lambda store: store.store_result(request.id, info, SKIPPED))
             request.acknowledge()
             if self._on_skip is not None:

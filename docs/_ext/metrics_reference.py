@@ -5,9 +5,11 @@ The table is made from the families that
 registry of its own, so the page lists exactly what a worker exports: each
 family's exposed name (with the ``_total`` suffix Prometheus adds to a
 counter), its type, its labels and its help text. Label values that the
-package fixes in code (a loss's ``reason``, a store error's ``kind``) are
-listed from the same objects. Nothing in the table is typed by hand, so
-renaming a metric or a label changes the page with it.
+package fixes in code (a loss's ``reason``, a store error's ``kind``, a
+skip's ``reason``) are listed from the same objects; the families read when
+scraped (the watchdog's) from their collector's description. Nothing in the
+table is typed by hand, so renaming a metric or a label changes the page
+with it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from sphinx.util.docutils import SphinxDirective
 
 from celery_leader.exceptions import STORE_ERROR_KINDS
 from celery_leader.lease import LossReason
-from celery_leader.observe.metrics import LeaderMetrics
+from celery_leader.observe.metrics import LeaderMetrics, WatchdogCollector
+from celery_leader.skip_reasons import SLOT_SKIP_REASONS, TASK_SKIP_REASONS
 
 #: The names a sample of each family type is exposed under, from the family's name.
 SUFFIXES = {
@@ -33,6 +36,8 @@ SUFFIXES = {
 KNOWN_VALUES = {
     ("celery_leader_losses", "reason"): tuple(reason.value for reason in LossReason),
     ("celery_leader_store_errors", "kind"): STORE_ERROR_KINDS,
+    ("celery_leader_tasks_skipped", "reason"): TASK_SKIP_REASONS,
+    ("celery_leader_beat_slots_skipped", "reason"): SLOT_SKIP_REASONS,
 }
 
 
@@ -41,6 +46,8 @@ def metric_families() -> list[tuple[str, str, tuple[str, ...], str]]:
     metrics = LeaderMetrics(CollectorRegistry())
     families = []
     for value in vars(metrics).values():
+        if isinstance(value, WatchdogCollector):
+            families += [(f.name, f.type, f.labels, f.documentation) for f in value.FAMILIES]
         if not isinstance(value, MetricWrapperBase):
             continue
         (described,) = value.describe()

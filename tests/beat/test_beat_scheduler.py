@@ -125,6 +125,44 @@ def test_missed_slot_is_skipped_by_policy(scheduler):
     assert sent(app) == []
 
 
+def beat_series(election: str, entry: str) -> list[float | None]:
+    """Sends, late sends and slots skipped by each reason, of *entry*, in the default registry."""
+    from prometheus_client import REGISTRY
+
+    labels = {"election": election, "entry": entry}
+    return [
+        REGISTRY.get_sample_value("celery_leader_beat_sends_total", labels),
+        REGISTRY.get_sample_value("celery_leader_beat_late_sends_total", labels),
+        REGISTRY.get_sample_value(
+            "celery_leader_beat_slots_skipped_total", {**labels, "reason": "paused"}
+        ),
+        REGISTRY.get_sample_value(
+            "celery_leader_beat_slots_skipped_total", {**labels, "reason": "window"}
+        ),
+    ]
+
+
+def test_each_entry_has_its_beat_series_at_zero_before_its_first_send_also_one_added_later(
+    scheduler,
+):
+    """From the first tick each entry's series exist, at 0 for an entry not sent yet; an
+    entry the schedule gains later has them from the next tick; sends count on from 0."""
+    app, sched = scheduler("once", leader_metrics=True)
+    election = sched._election().settings.name
+    hourly = {"task": f"{app.main}.tick", "schedule": 3600.0}
+    sched.update_from_dict({"hourly": hourly})
+    sched.tick()
+    assert beat_series(election, "hourly") == [0, 0, 0, 0]
+    sched.update_from_dict({"later": hourly})
+    sched.tick()
+    assert beat_series(election, "later") == [0, 0, 0, 0]
+    _tick_for(sched, 1.5)
+    sends = len([m for m in sent(app) if m["task"] == f"{app.main}.tick"])
+    assert sends >= 1, "the 1 s entry was sent"
+    assert beat_series(election, "tick")[0] == sends
+    assert beat_series(election, "hourly") == beat_series(election, "later") == [0, 0, 0, 0]
+
+
 @pytest.mark.parametrize(("window", "expected"), [(30, 1), (3, 0)])
 def test_missed_slot_is_sent_only_within_its_catch_up_window(scheduler, window, expected):
     """A window in seconds: a 10 s entry last sent 25 s ago missed slots 15 s and 5 s ago;

@@ -204,3 +204,37 @@ def test_taking_over_thousands_of_entries_keeps_the_lease(beat_app, redis_server
         assert {round(when.timestamp()) for when in saved} == {round(minute_ago)}
     finally:
         sched.close()
+
+
+def test_a_row_added_later_has_its_beat_series_at_zero_before_it_is_due(beat_app, redis_server):
+    """The rows loaded at start, and a row added while beat runs (django-celery-beat loads
+    it when the table changed), have their send and skip series at 0 before any send."""
+    from prometheus_client import REGISTRY
+
+    beat_app.conf.leader_metrics = True
+    election = f"{beat_app.main}.beat"
+
+    def series(row) -> list[float | None]:  # type: ignore[no-untyped-def]
+        labels = {"election": election, "entry": row.name}
+        return [
+            REGISTRY.get_sample_value("celery_leader_beat_sends_total", labels),
+            REGISTRY.get_sample_value("celery_leader_beat_late_sends_total", labels),
+            *(
+                REGISTRY.get_sample_value(
+                    "celery_leader_beat_slots_skipped_total", {**labels, "reason": reason}
+                )
+                for reason in ("paused", "window")
+            ),
+        ]
+
+    first = entry(beat_app, "first", 60)
+    sched = leader(beat_app)
+    try:
+        assert series(first) == [0, 0, 0, 0]
+        second = entry(beat_app, "second", 60)
+        assert series(second) == [None] * 4
+        tick_for(sched, 1.5)
+        assert series(second) == [0, 0, 0, 0]
+        assert sent(beat_app) == [], "neither is due: both count from now"
+    finally:
+        sched.close()
