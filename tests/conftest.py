@@ -67,6 +67,9 @@ SERIAL = (
     # The whole file: its worker and its beat tests (a killed, a stopped beat; a beat's
     # lifeline connection killed) alike.
     "tests/integration/test_fast_failover.py",
+    # A live Prometheus: six step-downs within a 15 s window, beat stalls timed against its
+    # lease, alerts whose scaled waits are a second or two.
+    "tests/integration/test_prometheus_live.py::test_every_alert_fires_on_its_fault_and_clears",
     "tests/lease/test_lifeline_manager.py::test_the_first_term_waits_for_the_first_confirmation",
     "tests/stores/test_sqlite_lifeline.py::test_a_lifeline_reads_kept_while_its_process_lives",
     "tests/stores/test_sqlite_lifeline.py::test_a_child_living_on_after_its_parent_was_killed",

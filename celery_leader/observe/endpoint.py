@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,6 +37,23 @@ _lock = threading.Lock()
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     health: HealthSource
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that left early is not an error; anything else is logged, not printed.
+
+        A scraper gives up on a process that stalled (SIGSTOP, a long pause)
+        and closes its connection; the answer written after the stall then
+        meets a closed socket. The standard library prints a traceback to
+        stderr for that, on every scrape timeout.
+        """
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError)):
+            return
+        logger.warning(
+            "celery-leader: /metrics or /healthz request from %s failed",
+            client_address[0] if client_address else "?",
+            exc_info=error,
+        )
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -21,6 +21,8 @@ metric                                              type       meaning
 ``celery_leader_leader_seen_timestamp_seconds``     gauge      when this process last saw a holder
 ``celery_leader_lease_ttl_seconds``                 gauge      the election's lease ttl setting
 ``celery_leader_renew_interval_seconds``            gauge      the election's renew interval
+``celery_leader_store_timeout_seconds``             gauge      the bound on one store call: a
+                                                               renewal never takes longer
 ``celery_leader_tasks_skipped_total``               counter    messages acknowledged without
                                                                running, by ``task`` and ``reason``
                                                                (``overlap``, ``occurrence``)
@@ -251,6 +253,13 @@ class LeaderMetrics:
             labels,
             registry=registry,
         )
+        self.store_timeout = Gauge(
+            "celery_leader_store_timeout_seconds",
+            "The bound on one store call (leader_store_timeout, or its default), seconds: "
+            "a renewal that would take longer fails",
+            labels,
+            registry=registry,
+        )
 
         self.skipped = Counter(
             "celery_leader_tasks_skipped",
@@ -326,6 +335,7 @@ class LeaderMetrics:
             self.leader_seen,
             self.lease_ttl,
             self.renew_interval,
+            self.store_timeout,
             self.skipped,
             self.beat_sends,
             self.beat_late_sends,
@@ -366,6 +376,7 @@ class LeaderMetrics:
         self.leader_seen.labels(election).set(0)
         self.lease_ttl.labels(election).set(manager.timing.ttl)
         self.renew_interval.labels(election).set(manager.timing.renew_interval)
+        self.store_timeout.labels(election).set(manager.timing.op_timeout)
         for task in tasks:
             for why in TASK_SKIP_REASONS:
                 self.skipped.labels(election, task, why)

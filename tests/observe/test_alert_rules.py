@@ -142,6 +142,12 @@ MISTAKES = {
     "two-leaders-after-one-scrape": ("CeleryTwoLeaders", "for", "2m", "15s"),
     "flapping-at-four-terms": ("CeleryLeaderFlapping", "expr", ">= 5", ">= 4"),
     "renewal-slow-at-a-quarter": ("CeleryLeaderRenewalSlow", "expr", "0.5 *", "0.25 *"),
+    "renewal-slow-by-the-renew-interval": (
+        "CeleryLeaderRenewalSlow",
+        "expr",
+        "celery_leader_store_timeout_seconds",
+        "celery_leader_renew_interval_seconds",
+    ),
     "watchdog-replaced-at-none": ("CeleryLeaderWatchdog", "expr", "> 0)", ">= 0)"),
     "watchdog-up-as-down": (
         "CeleryLeaderWatchdog",

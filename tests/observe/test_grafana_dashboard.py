@@ -42,15 +42,6 @@ SERIES_SUFFIXES = {
     "counter": ("_total", "_created"),
     "histogram": ("_bucket", "_sum", "_count", "_created"),
 }
-#: Families another change adds to metrics.py alongside the alert rules and the
-#: dashboard that use them; allowed here until metrics.py exports them (a test below
-#: fails once it does: then drop the entry).
-ADDED_ALONGSIDE = {
-    "celery_leader_lease_ttl_seconds": "gauge",
-    "celery_leader_renew_interval_seconds": "gauge",
-    "celery_leader_watchdog_up": "gauge",
-    "celery_leader_watchdog_replacements": "counter",
-}
 
 
 @cache
@@ -71,18 +62,9 @@ def exported_series() -> frozenset[str]:
     )
 
 
-@cache
-def known_series() -> frozenset[str]:
-    """The exported series and those of the families :data:`ADDED_ALONGSIDE`."""
-    added = (
-        name + suffix for name, kind in ADDED_ALONGSIDE.items() for suffix in SERIES_SUFFIXES[kind]
-    )
-    return exported_series() | frozenset(added)
-
-
 def unknown_series(expr: str) -> set[str]:
     """The metric names in PromQL *expr* that no worker exports."""
-    return set(METRIC_NAME.findall(expr)) - known_series()
+    return set(METRIC_NAME.findall(expr)) - exported_series()
 
 
 def load() -> dict[str, Any]:
@@ -137,11 +119,6 @@ def test_the_families_are_read_from_the_package():
     assert families["celery_leader_elections"] == "counter"
     assert families["celery_leader_renew_seconds"] == "histogram"
     assert "celery_leader_elections_total" in exported_series()
-
-
-def test_families_added_alongside_are_not_exported_yet():
-    """An entry of ADDED_ALONGSIDE that metrics.py now exports is stale: drop it."""
-    assert set(ADDED_ALONGSIDE) & set(exported_families()) == set()
 
 
 def test_the_data_source_is_a_dashboard_variable():
@@ -277,7 +254,7 @@ def test_queries_name_only_series_the_workers_export():
 def test_descriptions_name_only_existing_metrics():
     """A metric named in a description is a family or a series that exists."""
     dashboard = load()
-    known = known_series() | set(exported_families()) | set(ADDED_ALONGSIDE)
+    known = exported_series() | set(exported_families())
     for panel in panels(dashboard):
         named = set(METRIC_NAME.findall(panel.get("description", "")))
         assert named <= known, (panel["title"], named - known)

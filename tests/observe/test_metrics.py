@@ -142,6 +142,8 @@ def test_attach_makes_each_tasks_skip_counters_at_zero_for_every_reason_and_the_
             assert skips == 0, (task, reason)
     assert value(registry, "celery_leader_lease_ttl_seconds", election="zero-skips") == 3.0
     assert value(registry, "celery_leader_renew_interval_seconds", election="zero-skips") == 0.8
+    # The default bound on one store call: half the renew interval.
+    assert value(registry, "celery_leader_store_timeout_seconds", election="zero-skips") == 0.4
 
     leader_task_skipped.send(
         sender="w@h", name="zero-skips", token=1, task="proj.a", task_id="i", reason="overlap"
