@@ -12,8 +12,9 @@ The package, floor by floor; each imports only from the floors above it
   its timing and its bounded store calls. *Checked*: above stores only.
 * ``elections/``: the elections a process takes part in, no Celery: the
   ``Election`` unit (manager, shared-memory slot, listener), the group of a
-  process's elections, the shared lease slots and the run table. *Checked*:
-  above lease and stores only.
+  process's elections, the shared lease slots, the run table and the
+  liveness of the process's loop (read by the lease thread and the health
+  probe). *Checked*: above lease and stores only.
 * ``term_end/``: what happens to leader work when a term ends: the policy,
   the sequence in the worker (``in_worker``), the run's side (``in_run``)
   and the watchdog. *Checked*: above elections only; never the task side,
@@ -23,10 +24,12 @@ The package, floor by floor; each imports only from the floors above it
   ``lease_lost()``/``check_leadership()`` inside a run. *Checked*: never
   ``worker/`` or beat.
 * ``worker/`` (bootsteps, the coordinator's wiring, the gate, remote
-  control) and ``beat/`` (the scheduler, its state, the refusal of an
-  unled beat).
+  control) and ``beat/`` (the scheduler, split by job: its election,
+  taking a term over, pauses and run-now, step-down requests; its state;
+  the refusal of an unled beat).
   *Checked*: beat never imports ``worker/`` or the task side.
-* ``observe/``: metrics, health and their HTTP endpoint. *Checked*: never
+* ``observe/``: metrics, health (one verdict for worker and beat), their
+  HTTP endpoint and the one call that turns them on. *Checked*: never
   the worker, beat or the task side.
 * ``settings/``: the catalogue of ``leader_*`` settings (one entry each;
   the stores declare theirs), read once into settings objects; the one

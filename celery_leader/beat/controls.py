@@ -11,7 +11,7 @@ Two places, so that each has one writer that the store can fence:
   it holds across beat failovers and restarts.
 * **beat's own state** (beside beat's lease, written only by the beat that
   holds it): the entries' send marks (keys are entry names, see
-  :mod:`celery_leader.beat.scheduler`), and under the reserved prefix
+  :mod:`celery_leader.beat.election`), and under the reserved prefix
   ``celery-leader:`` the view the beat leader publishes
   (``celery-leader:view``) and, per entry, the run-now request it carried out
   last (``celery-leader:ran:<entry>``: ``{"id", "occurrence", "sent_at",

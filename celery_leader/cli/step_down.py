@@ -182,7 +182,7 @@ def _ask_beat(
 
     Beat consumes no broker queue, so the request goes through the lease
     store: into the state of a request slot beside beat's election
-    (:func:`celery_leader.beat.scheduler.step_down_channel`), which only a
+    (:func:`celery_leader.beat.step_down.step_down_channel`), which only a
     lease holder may write. The command takes that slot's lease for the
     moment of the write and releases it (a concurrent request waits for it).
     The request names the term's token, so it can only end that term: a
@@ -191,7 +191,7 @@ def _ask_beat(
     touches beat's own lease; only its holder releases it.
     """
     # Imported here: every ``celery`` command loads this module, and only this one needs beat.
-    from celery_leader.beat.scheduler import (  # noqa: PLC0415
+    from celery_leader.beat.step_down import (  # noqa: PLC0415
         STEP_DOWN_KEY,
         step_down_channel,
         step_down_request,

@@ -10,5 +10,8 @@
   shared memory, made before the pool forks;
 * :mod:`~celery_leader.elections.run_table`: which pool child runs which
   election's work, for the watchdog and the release guard;
-* :mod:`~celery_leader.elections.procinfo`: who a process is (``/proc``).
+* :mod:`~celery_leader.elections.procinfo`: who a process is (``/proc``);
+* :mod:`~celery_leader.elections.liveness`: how the process's loop is doing
+  (its last tick, started, stopping, waiting on the broker), for the lease
+  thread and the health probe alike.
 """

@@ -33,6 +33,7 @@ from celery_leader.elections.run_table import RUN_SLOTS
 from celery_leader.elections.shared_lease import MAX_ELECTIONS
 from celery_leader.exceptions import ConfigurationError
 from celery_leader.observe.extra import check_metrics_extra
+from celery_leader.observe.wiring import observe
 from celery_leader.settings import LeaderSettings, app_settings, spelled_in
 from celery_leader.startup_error import StartupConfigurationError
 from celery_leader.stores import open_store
@@ -137,15 +138,6 @@ def _check_elections(elections: tuple[str | None, ...], leader_name: str) -> Non
         )
 
 
-def _serve(settings: LeaderSettings, coordinator: Coordinator) -> None:
-    """``/metrics`` and ``/healthz`` of this worker on its port (``leader_metrics_port``, ...)."""
-    from celery_leader.observe.endpoint import serve_at_start  # noqa: PLC0415 - only with a port
-    from celery_leader.observe.health import worker_verdict  # noqa: PLC0415
-
-    metrics = settings.metrics
-    serve_at_start(metrics, lambda: worker_verdict(coordinator, metrics.stuck_after))
-
-
 def _keep_unknown_leader_messages(consumer: Any) -> None:
     """A leader-queue message of a task this worker does not know goes back, never dropped.
 
@@ -193,11 +185,11 @@ class LeaderConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
             # or a thread), so the tick is handed to the loop, which runs it
             # between two drain_events calls: a stuck loop then stops ticking.
             def tick_through_the_loop() -> None:
-                c.call_soon(coordinator.tick)
+                c.call_soon(coordinator.loop.tick)
 
             self._ticker = c.timer.call_repeatedly(interval, tick_through_the_loop)
         else:
-            self._ticker = c.timer.call_repeatedly(interval, coordinator.tick)
+            self._ticker = c.timer.call_repeatedly(interval, coordinator.loop.tick)
         # Before any reconnect flushes it: the runs going on stay known (worker.pool_flush).
         keep_accepted_jobs(getattr(c, "pool", None))
         coordinator.attach(c)
@@ -252,9 +244,7 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
         )
         _check_elections(elections, self.app_settings.names.leader)
         try:
-            if settings.metrics.enabled:
-                check_metrics_extra(settings.metrics)
-                from celery_leader.observe.metrics import enable_worker_metrics  # noqa: PLC0415 - optional extra
+            check_metrics_extra(settings.metrics)
             # One store client per election: each lease manager renews on its own thread.
             stores = {election: self._open_store() for election in elections}
             # Every election has the default one's ttl: one look at the server's limits.
@@ -294,10 +284,9 @@ class LeaderElection(bootsteps.StartStopStep):  # type: ignore[misc]
         if self.app_settings.choice.balance and len(coordinator.elections) > 1:
             coordinator.balancer = self._balancer(coordinator)
         coordinator.install()  # forks the watchdog: before any thread of ours starts
-        if settings.metrics.enabled:
-            enable_worker_metrics(settings.metrics, coordinator, leader_tasks)
-        if settings.metrics.port is not None:
-            _serve(settings, coordinator)
+        # Every election's metrics (each leader-only task's skips from 0, under the election
+        # it runs under here), then /metrics and /healthz on leader_metrics_port.
+        observe(settings.metrics, coordinator, leader_tasks=leader_tasks)
         self.coordinator = coordinator
         self._chain_on_stopped(worker)
         logger.info(

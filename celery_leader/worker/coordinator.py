@@ -32,8 +32,7 @@ order a batch.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +40,7 @@ from celery.worker import state as worker_state
 
 from celery_leader.elections.balancer import Balancer
 from celery_leader.elections.group import ElectionGroup
+from celery_leader.elections.liveness import CONNECTING, LoopLiveness
 from celery_leader.elections.shared_lease import SharedLease
 from celery_leader.exceptions import ConfigurationError
 from celery_leader.lease import LeaseManager
@@ -110,10 +110,8 @@ class Coordinator:
         #: A task's election (short name, None: default) -> its lease name.
         self.lease_of = lease_of or ElectionNames(settings.name, settings.queue).lease_of
         self.consumer: Any = None
-        self.shutting_down = False
-        self._last_tick = time.monotonic()
-        self._liveness_window = max(2 * settings.timing.renew_interval, 1.0)
-        self._started = False
+        #: The consumer loop's liveness: its ticks, started, stopping, broker reconnects.
+        self.loop = LoopLiveness(max(2 * settings.timing.renew_interval, 1.0))
         self._signals: SerialDispatcher | None = None
         #: The gate's verdicts on each leader message, and the settlement of its run.
         self.gate = Gate(self)
@@ -164,6 +162,16 @@ class Coordinator:
     def shared(self) -> SharedLease:
         """The default election's shared-memory slot."""
         return self.default.shared
+
+    @property
+    def managers(self) -> Sequence[LeaseManager]:
+        """Every election's lease manager, the default one first (what ``/healthz`` reports)."""
+        return [election.manager for election in self.elections.values()]
+
+    @property
+    def shutting_down(self) -> bool:
+        """True once a warm or cold shutdown began (the loop's ``stopping``)."""
+        return self.loop.stopping
 
     def runs_ended(self, token: int, timeout: float) -> bool:
         """True once no run of the default election's term *token* runs here."""
@@ -228,10 +236,11 @@ class Coordinator:
         self.consumer = consumer
         if getattr(consumer, "hub", None) is None:
             # Celery's blocking loop turns once per drain_events (up to 2 s) when idle.
-            self._liveness_window = max(self._liveness_window, BLOCKING_LOOP_TURN + 1.0)
-        self.tick()
-        if not self._started:
-            self._started = True
+            self.loop.widen(BLOCKING_LOOP_TURN + 1.0)
+        self.loop.tick()
+        self.loop.wait_ends(CONNECTING)
+        if not self.loop.started:
+            self.loop.start()
             if self.balancer is not None:
                 self.balancer.start()
             for election in list(self.elections.values()):
@@ -253,6 +262,7 @@ class Coordinator:
         (:meth:`~celery_leader.worker.gate.Gate.connection_gone`).
         """
         self.consumer = None
+        self.loop.wait_begins(CONNECTING)  # until attach(): Celery reconnects, or shuts down
         self.gate.connection_gone()
 
     def post(self, fn: Callable[[], None]) -> None:
@@ -269,15 +279,7 @@ class Coordinator:
 
         consumer.call_soon(guarded)
 
-    # -- liveness -------------------------------------------------------------
-
-    def tick(self) -> None:
-        """Called from the consumer's loop: the loop is alive."""
-        self._last_tick = time.monotonic()
-
-    def loop_age(self) -> float:
-        """Seconds since the consumer's loop last ticked."""
-        return time.monotonic() - self._last_tick
+    # -- liveness (the consumer's loop ticks self.loop) -----------------------
 
     def loop_busy_with_task(self) -> bool:
         """True when a task holds the loop by design: a solo pool runs tasks on the loop thread."""
@@ -287,16 +289,6 @@ class Coordinator:
             return bool(snapshot(worker_state.active_requests))
         except SnapshotError:
             return True
-
-    @property
-    def started(self) -> bool:
-        """True once the consumer connected and the election began."""
-        return self._started
-
-    @property
-    def connected(self) -> bool:
-        """False while the consumer is stopped: Celery reconnects to the broker, or shuts down."""
-        return self.consumer is not None
 
     def is_live(self) -> bool:
         """True while the worker can act on leadership: its loop runs (or a solo task does).
@@ -311,7 +303,7 @@ class Coordinator:
             return False
         if self.shutting_down:
             return True
-        if self.loop_age() < self._liveness_window:
+        if self.loop.turning():
             return True
         # A busy loop is not a stuck one.
         return self.loop_busy_with_task()
@@ -466,7 +458,7 @@ class Coordinator:
         the rest of the pool to drain; :meth:`finish_shutdown` releases at the
         latest.
         """
-        self.shutting_down = True
+        self.loop.stopping = True
         if self.balancer is not None:
             self.balancer.stop()  # the others plan without this worker at once
         for election in list(self.elections.values()):
@@ -474,7 +466,7 @@ class Coordinator:
 
     def finish_shutdown(self) -> None:
         """After the pool drained: stop leading, release, stop the threads."""
-        self.shutting_down = True
+        self.loop.stopping = True
         try:
             for election in list(self.elections.values()):
                 try:

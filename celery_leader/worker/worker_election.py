@@ -57,8 +57,11 @@ class ElectionHost(Protocol):
     pool_kind: str
     group: ElectionGroup
     renew_grid: float | None
-    shutting_down: bool
     consumer: Any
+
+    @property
+    def shutting_down(self) -> bool:
+        """True once the worker is leaving."""
 
     def is_live(self) -> bool:
         """True while the worker can act on leadership."""

@@ -59,7 +59,7 @@ def lead(sched: Any) -> Any:
     election = sched._election()
     deadline = time.monotonic() + 3 * TTL
     while time.monotonic() < deadline and not election.manager.is_leader():
-        election.ticked()
+        election.loop.tick()
         time.sleep(0.02)
     assert election.manager.is_leader()
     return election
@@ -140,7 +140,7 @@ def loop_goes_quiet(election: Any) -> Callable[[], None]:
     """Beat's loop looks stuck until the lease thread has given the term up (or held on)."""
 
     def action() -> None:
-        election._last_tick -= 3600
+        election.loop.last_tick -= 3600
         deadline = time.monotonic() + 2 * election.settings.timing.renew_interval + 0.5
         while time.monotonic() < deadline and election.manager.state().role is Role.LEADER:
             time.sleep(0.005)
@@ -151,7 +151,7 @@ def loop_goes_quiet(election: Any) -> Callable[[], None]:
             while time.monotonic() < until and store.read(election.settings.name) is not None:
                 time.sleep(0.01)
             store.close()
-        election.ticked()
+        election.loop.tick()
 
     return action
 

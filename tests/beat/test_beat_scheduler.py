@@ -25,6 +25,7 @@ from celery_leader.beat.controls import (
 )
 from celery_leader.beat.occurrence import OCCURRENCE_HEADER
 from celery_leader.beat.steering import CONTROL_POLL
+from celery_leader.elections.liveness import PUBLISHING
 from celery_leader.stores import open_store
 from celery_leader.stores.base import Holder
 
@@ -100,7 +101,9 @@ def test_wraps_the_configured_scheduler(scheduler):
     """LeaderScheduler builds the wrapped class (PersistentScheduler by default), led."""
     _, sched = scheduler()
     assert isinstance(sched, LeaderSchedulerMixin)
-    assert type(sched).__mro__[2].__name__ == "PersistentScheduler"
+    mixin, wrapped = type(sched).__bases__
+    assert (mixin, wrapped.__name__) == (LeaderSchedulerMixin, "PersistentScheduler")
+    assert type(sched)._leader_wrapped() is wrapped
 
 
 def test_missed_slot_is_sent_once_on_takeover(scheduler):
@@ -294,12 +297,12 @@ def test_a_publish_in_flight_keeps_beat_live_for_one_ttl_and_its_lease_unrelease
     _, sched = scheduler()
     election = sched._election()
     ttl = election.settings.timing.ttl
-    election._last_tick -= 3600  # beat's loop has not ticked: it is inside a publish
+    election.loop.last_tick -= 3600  # beat's loop has not ticked: it is inside a publish
     assert not election.is_live()
     election.publishing()
     assert election.is_live()
     assert election.no_publish_in_flight(None) is False
-    election._publishing_since -= 2 * ttl  # blocked for longer than a ttl: hand over
+    election.loop.waits[PUBLISHING] -= 2 * ttl  # blocked for longer than a ttl: hand over
     assert not election.is_live()
     assert election.no_publish_in_flight(None) is False, "but never release mid-send"
     election.published(ok=True)

@@ -220,7 +220,7 @@ def test_a_dead_watchdog_is_replaced_before_a_renewal_and_fails_health_until_the
     import signal
     import time
 
-    from celery_leader.observe.health import worker_verdict
+    from celery_leader.observe.health import verdict
     from celery_leader.settings import load_settings
     from celery_leader.term_end.watchdog import Watchdog
 
@@ -229,18 +229,18 @@ def test_a_dead_watchdog_is_replaced_before_a_renewal_and_fails_health_until_the
         settings, _memory_store(), nodename="n@h", pool_kind="prefork"
     )
     coordinator.watchdog.start()
-    coordinator._started = True  # the lease thread is not started: only this test renews
+    coordinator.loop.start()  # the lease thread is not started: only this test renews
     try:
         first = coordinator.watchdog.pid
         os.kill(first, signal.SIGKILL)
         deadline = time.monotonic() + 5
         while coordinator.watchdog.alive() and time.monotonic() < deadline:
             time.sleep(0.01)
-        verdict = worker_verdict(coordinator, 60)
-        assert (verdict.healthy, verdict.status) == (False, "watchdog-dead")
+        answer = verdict(coordinator, 60)
+        assert (answer.healthy, answer.status) == (False, "watchdog-dead")
         assert coordinator.is_live()
         assert coordinator.watchdog.alive() and coordinator.watchdog.pid != first
-        assert worker_verdict(coordinator, 60).status != "watchdog-dead"
+        assert verdict(coordinator, 60).status != "watchdog-dead"
 
         os.kill(coordinator.watchdog.pid, signal.SIGKILL)
         while coordinator.watchdog.alive() and time.monotonic() < deadline + 5:
