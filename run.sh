@@ -80,8 +80,9 @@ test_services() {
   # cut them with nftables rules: iproute2 and nftables.
   command -v ip >/dev/null || apt_install iproute2
   command -v nft >/dev/null || apt_install nftables
-  # The alert rules' and the dashboard's tests run promtool (check rules, test rules).
-  command -v promtool >/dev/null || apt_install prometheus
+  # The alert rules' and the dashboard's tests run promtool (check rules, test rules); the
+  # live test (tests/integration/test_prometheus_live.py) runs a Prometheus server.
+  { command -v prometheus && command -v promtool; } >/dev/null || apt_install prometheus
   # The other RabbitMQ broker tests use the machine's RabbitMQ on 127.0.0.1:5672 (guest/guest).
   if ! port_open 5672; then
     as_root rabbitmq-server -detached >/dev/null 2>&1 || true

@@ -65,13 +65,14 @@ label value the process knows when it attaches, so that ``increase()`` and
   be started (``/healthz`` then fails too) or the worker is shutting down.
 
 A task or entry that goes away keeps its series (at its last value) until
-the process ends: a series is never removed under a running query. The ttl
-and renew interval gauges let alert rules scale with the configured ttl
-(``leader_seen`` older than ``3 * celery_leader_lease_ttl_seconds``, say).
-``leader_seen`` is taken from what the store shows: a follower looks about
-once per ttl (sooner after a release), the leader at every renewal; so
-``time() - max by (election) (celery_leader_leader_seen_timestamp_seconds) >
-N`` (N a few ttls) is the "no leader for N seconds" alert. Metrics are
+the process ends: a series is never removed under a running query. The
+ttl, renew interval and store timeout gauges let alert rules scale with
+the configured timing. ``leader_seen`` is taken from what the store shows:
+a follower looks about once per ttl (sooner after a release), the leader
+at every renewal; so its age at each scrape (``timestamp(x) - x``), the
+youngest over an election's processes, above 2 ttl means no holder: the
+shipped ``CeleryNoLeader`` rule (docs/prometheus/celery-leader-rules.yml,
+with the other alerts and their unit tests). Metrics are
 updated from lease events on the lease thread; nothing is added to the
 per-task path.
 """
