@@ -212,8 +212,11 @@ class LeaderSchedulerMixin(TakingOver, Steered, StepDownRequests):
         election.loop.tick()
         election.forget_elections()  # a term begun from here on ends a standby's sleep
         if election.metrics is not None:  # each entry's series exists before its first send
-            names = self._leader_state.entry_names(self)
-            election.metrics.beat_entries(self._leader_settings.name, names)
+            try:
+                names = self._leader_state.entry_names(self)
+                election.metrics.beat_entries(self._leader_settings.name, names)
+            except Exception:  # metrics only: never worth a tick
+                logger.exception("celery-leader beat: could not export the entries' series")
         token = election.token()
         if token is None and election.seen_token is not None:
             # The term ended: what this beat had not saved is older than what the

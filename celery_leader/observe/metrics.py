@@ -17,6 +17,8 @@ metric                                              type       meaning
 ``celery_leader_releases_total``                    counter    terms given up (shutdown, step-down)
 ``celery_leader_store_errors_total``                counter    failed store calls, by ``kind``
 ``celery_leader_renew_seconds``                     histogram  time one renewal took
+``celery_leader_slow_renewals_total``               counter    renewals that took more than half
+                                                               the store timeout
 ``celery_leader_term_started_timestamp_seconds``    gauge      on the leader: when its term began
 ``celery_leader_leader_seen_timestamp_seconds``     gauge      when this process last saw a holder
 ``celery_leader_lease_ttl_seconds``                 gauge      the election's lease ttl setting
@@ -29,9 +31,12 @@ metric                                              type       meaning
 ``celery_leader_beat_sends_total``                  counter    beat: entries sent, by ``entry``
 ``celery_leader_beat_late_sends_total``             counter    beat: sends more than 1 s after
                                                                their slot, by ``entry``
-``celery_leader_beat_slots_skipped_total``          counter    beat: slots not sent, by ``entry``
-                                                               and ``reason`` (``paused``,
-                                                               ``window``)
+``celery_leader_beat_slots_skipped_total``          counter    beat: skips, by ``entry`` and
+                                                               ``reason``: ``paused`` (one a
+                                                               paused slot), ``window`` (one a
+                                                               takeover that skipped the
+                                                               entry's missed slots, however
+                                                               many)
 ``celery_leader_watchdog_up``                       gauge      prefork worker: 1 while its run
                                                                watchdog lives, 0 while it is dead
 ``celery_leader_watchdog_replacements_total``       counter    prefork worker: watchdogs replaced
@@ -62,7 +67,8 @@ label value the process knows when it attaches, so that ``increase()`` and
   beat export neither. Both are read from the watchdog when scraped; a dead
   watchdog is replaced before the next renewal (then ``up`` is 1 again and
   the counter one more), so ``up`` is 0 only briefly, unless no new one can
-  be started (``/healthz`` then fails too) or the worker is shutting down.
+  be started (``/healthz`` then fails too). A worker shutting down ends its
+  watchdog on purpose: from then on neither series is reported.
 
 A task or entry that goes away keeps its series (at its last value) until
 the process ends: a series is never removed under a running query. The
@@ -80,6 +86,7 @@ per-task path.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import time
@@ -115,6 +122,10 @@ class WatchedWatchdog(Protocol):
     @property
     def replacements(self) -> int:
         """Watchdogs started because the one before died."""
+
+    @property
+    def stopped(self) -> bool:
+        """True when the worker ended its watchdog on purpose (it shuts down)."""
 
     def alive(self) -> bool:
         """True while the watchdog runs and passes."""
@@ -182,6 +193,10 @@ class WatchdogCollector(Collector):
         )
         alive: dict[int, bool] = {}  # one look per watchdog, however many elections it guards
         for election, watchdog in sorted(watched.items()):
+            if watchdog.stopped:
+                # Ended on purpose at shutdown: its series go, rather than read "dead" to
+                # the scrapes between the watchdog's end and the process's.
+                continue
             if id(watchdog) not in alive:
                 alive[id(watchdog)] = watchdog.alive()
             up.add_metric([election], 1.0 if alive[id(watchdog)] else 0.0)
@@ -230,6 +245,17 @@ class LeaderMetrics:
             buckets=_RENEW_BUCKETS,
             registry=registry,
         )
+        # Counted here, not read from the histogram: its buckets are fixed (1 ms to 5 s),
+        # while the bound is anything from milliseconds to minutes, so a quantile
+        # interpolated inside a bucket says little about "past half the bound".
+        self.slow_renewals = Counter(
+            "celery_leader_slow_renewals",
+            "Renewals that took more than half the store timeout (leader_store_timeout)",
+            labels,
+            registry=registry,
+        )
+        #: Election -> the renewal time past which a renewal counts as slow, seconds.
+        self._slow_after: dict[str, float] = {}
         self.term_started = Gauge(
             "celery_leader_term_started_timestamp_seconds",
             "Unix time this process's current term began (only while it leads)",
@@ -284,8 +310,8 @@ class LeaderMetrics:
         )
         self.beat_slots_skipped = Counter(
             "celery_leader_beat_slots_skipped",
-            "Slots the beat leader did not send, by entry and reason "
-            f"({', '.join(SLOT_SKIP_REASONS)})",
+            "Beat skips, by entry and reason: paused (one per paused slot), window (one per "
+            "takeover that skipped the entry's missed slots, however many)",
             (*entry_labels, "reason"),
             registry=registry,
         )
@@ -332,6 +358,7 @@ class LeaderMetrics:
             self.releases,
             self.store_errors,
             self.renew_seconds,
+            self.slow_renewals,
             self.term_started,
             self.leader_seen,
             self.lease_ttl,
@@ -374,6 +401,8 @@ class LeaderMetrics:
         for kind in STORE_ERROR_KINDS:
             self.store_errors.labels(election, kind)
         self.renew_seconds.labels(election)
+        self.slow_renewals.labels(election)
+        self._slow_after[election] = manager.timing.op_timeout / 2
         self.leader_seen.labels(election).set(0)
         self.lease_ttl.labels(election).set(manager.timing.ttl)
         self.renew_interval.labels(election).set(manager.timing.renew_interval)
@@ -397,6 +426,8 @@ class LeaderMetrics:
         elif event.kind is EventKind.RENEWED:
             if event.latency is not None:
                 self.renew_seconds.labels(election).observe(event.latency)
+                if event.latency > self._slow_after.get(election, math.inf):
+                    self.slow_renewals.labels(election).inc()
         elif event.kind is EventKind.LOST:
             reason = event.reason.value if event.reason else "unknown"
             self.losses.labels(election, reason).inc()

@@ -180,11 +180,15 @@ class Watchdog:
         #: Watchdogs started by :meth:`replace_if_dead` because the one before died (or
         #: stopped passing for good); read by the metrics when scraped.
         self.replacements = 0
+        #: True from :meth:`stop` until the next :meth:`start`: ended on purpose (the
+        #: worker shuts down), not dead; the metrics then report no watchdog at all.
+        self.stopped = False
 
     def start(self) -> None:
         """Fork the watchdog (call before the pool forks, with as few threads as possible)."""
         if self._wakeup.closed:  # started again after stop()
             self._wakeup = self._shared.wakeup = Wakeup()
+        self.stopped = False
         worker_pid = os.getpid()
         _BEAT.pack_into(self._heartbeat, 0, clock.now(), 0)  # the new one's grace to start
         pid = os.fork()
@@ -316,6 +320,7 @@ class Watchdog:
 
     def stop(self) -> None:
         """End the watchdog, reap it, and close its alarm's pipe in this process."""
+        self.stopped = True
         pid, self.pid = self.pid, None
         if pid is not None:
             with suppress(ProcessLookupError):

@@ -140,13 +140,18 @@ MISTAKES = {
         "",
     ),
     "two-leaders-after-one-scrape": ("CeleryTwoLeaders", "for", "2m", "15s"),
+    "two-leaders-counting-scrapes": (
+        "CeleryTwoLeaders",
+        "expr",
+        "count by (election) (max by (election, instance) (celery_leader_is_leader) == 1) > 1",
+        "sum by (election) (celery_leader_is_leader) > 1",
+    ),
     "flapping-at-four-terms": ("CeleryLeaderFlapping", "expr", ">= 5", ">= 4"),
-    "renewal-slow-at-a-quarter": ("CeleryLeaderRenewalSlow", "expr", "0.5 *", "0.25 *"),
-    "renewal-slow-by-the-renew-interval": (
+    "renewal-slow-at-a-tenth-of-a-percent": (
         "CeleryLeaderRenewalSlow",
         "expr",
-        "celery_leader_store_timeout_seconds",
-        "celery_leader_renew_interval_seconds",
+        "> 0.01",
+        "> 0.001",
     ),
     "watchdog-replaced-at-none": ("CeleryLeaderWatchdog", "expr", "> 0)", ">= 0)"),
     "watchdog-up-as-down": (

@@ -216,6 +216,7 @@ class StandingWatchdog:
     """A watchdog that is always alive and was never replaced (for the fork test only)."""
 
     replacements = 0
+    stopped = False
 
     def alive(self) -> bool:
         return True
@@ -292,7 +293,6 @@ def test_the_watchdog_gauge_follows_a_real_watchdog_through_its_death_and_replac
         metrics.attach(election.manager, watchdog=coordinator.watchdog)
     watchdog = coordinator.watchdog
     watchdog.start()
-    coordinator._started = True  # the lease threads are not started: only this test asks
 
     def both(name: str) -> list[float | None]:
         return [value(registry, name, election=e) for e in ("watched", "watched.reports")]
@@ -308,5 +308,41 @@ def test_the_watchdog_gauge_follows_a_real_watchdog_through_its_death_and_replac
         assert coordinator.is_live(), "the liveness check replaces the dead watchdog"
         assert both("celery_leader_watchdog_up") == [1, 1]
         assert both("celery_leader_watchdog_replacements_total") == [1, 1]
+        watchdog.stop()  # as at shutdown: ended on purpose, not dead
+        assert both("celery_leader_watchdog_up") == [None, None]
+        assert both("celery_leader_watchdog_replacements_total") == [None, None]
     finally:
         watchdog.stop()
+
+
+def test_a_renewal_past_half_the_store_timeout_counts_as_slow(tmp_path):
+    """A real Redis paused for 0.37 s while a renewal waits: that renewal, past half the
+    0.4 s store timeout, counts as slow; the quick ones before it do not."""
+    from harness.servers import RedisServer
+
+    server = RedisServer(tmp_path).start()
+    registry = CollectorRegistry()
+    metrics = metrics_for(registry)
+    store = open_store(server.url, timeout=2)
+    timing = LeaseTiming.create(3.0, renew_interval=0.8, op_timeout=0.4)
+    manager = LeaseManager(store, "slow", timing)
+    metrics.attach(manager)
+    manager.start()
+    try:
+        assert manager.wait_for_leadership(5)
+        time.sleep(2 * timing.renew_interval)
+        assert value(registry, "celery_leader_renew_seconds_count", election="slow") >= 1
+        assert value(registry, "celery_leader_slow_renewals_total", election="slow") == 0
+        for _ in range(20):  # until a pause falls on a renewal
+            server.pause()
+            time.sleep(0.37)  # within the store timeout: the renewal succeeds, late
+            server.resume()
+            time.sleep(0.2)
+            if value(registry, "celery_leader_slow_renewals_total", election="slow"):
+                break
+        assert value(registry, "celery_leader_slow_renewals_total", election="slow") >= 1
+        assert value(registry, "celery_leader_store_timeout_seconds", election="slow") == 0.4
+    finally:
+        manager.stop(release=True)
+        store.close()
+        server.stop()
