@@ -33,8 +33,16 @@ class FaultProxy:
     """
 
     def __init__(
-        self, target_port: int, *, target_host: str = "127.0.0.1", listen_host: str = "127.0.0.1"
+        self,
+        target_port: int,
+        *,
+        target_host: str = "127.0.0.1",
+        listen_host: str = "127.0.0.1",
+        keep_idle: bool = False,
     ) -> None:
+        """*keep_idle*: keep a connection that carries nothing open (by default one whose
+        server side is silent for 2 s is closed)."""
+        self.keep_idle = keep_idle
         self.target_port = target_port
         self.target_host = target_host
         self.port = free_port()
@@ -92,6 +100,8 @@ class FaultProxy:
             except OSError:
                 client.close()
                 continue
+            if self.keep_idle:
+                upstream.settimeout(None)  # the 2 s were for connecting only
             with self._lock:
                 self._conns += [client, upstream]
             for src, dst, replies in ((client, upstream, False), (upstream, client, True)):

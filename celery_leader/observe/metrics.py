@@ -17,8 +17,8 @@ metric                                              type       meaning
 ``celery_leader_releases_total``                    counter    terms given up (shutdown, step-down)
 ``celery_leader_store_errors_total``                counter    failed store calls, by ``kind``
 ``celery_leader_renew_seconds``                     histogram  time one renewal took
-``celery_leader_slow_renewals_total``               counter    renewals that took more than half
-                                                               the store timeout
+``celery_leader_slow_renewals_total``               counter    renewals that took more than a
+                                                               quarter of the store timeout
 ``celery_leader_term_started_timestamp_seconds``    gauge      on the leader: when its term began
 ``celery_leader_leader_seen_timestamp_seconds``     gauge      when this process last saw a holder
 ``celery_leader_lease_ttl_seconds``                 gauge      the election's lease ttl setting
@@ -247,10 +247,12 @@ class LeaderMetrics:
         )
         # Counted here, not read from the histogram: its buckets are fixed (1 ms to 5 s),
         # while the bound is anything from milliseconds to minutes, so a quantile
-        # interpolated inside a bucket says little about "past half the bound".
+        # interpolated inside a bucket says little about "past a part of the bound". A
+        # quarter: a store may bound each read by half the store timeout (Redis gives
+        # connect and read half each), so a renewal past a quarter is half way to failing.
         self.slow_renewals = Counter(
             "celery_leader_slow_renewals",
-            "Renewals that took more than half the store timeout (leader_store_timeout)",
+            "Renewals that took more than a quarter of the store timeout (leader_store_timeout)",
             labels,
             registry=registry,
         )
@@ -402,7 +404,7 @@ class LeaderMetrics:
             self.store_errors.labels(election, kind)
         self.renew_seconds.labels(election)
         self.slow_renewals.labels(election)
-        self._slow_after[election] = manager.timing.op_timeout / 2
+        self._slow_after[election] = manager.timing.op_timeout / 4
         self.leader_seen.labels(election).set(0)
         self.lease_ttl.labels(election).set(manager.timing.ttl)
         self.renew_interval.labels(election).set(manager.timing.renew_interval)

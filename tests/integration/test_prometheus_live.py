@@ -35,6 +35,7 @@ import pytest
 from celery_leader.beat.occurrence import format_slot
 from harness.cluster import ROOT, Cluster, Worker
 from harness.prometheus import PrometheusServer, scaled_rules
+from harness.proxy import FaultProxy
 from harness.servers import RedisServer, free_port
 from tests.integration.test_beat import wait_sending
 from tests.integration.test_metrics_worker import wait_for
@@ -146,6 +147,10 @@ class Scenario:
         self.tmp = tmp
         self.ports: dict[str, int] = {}
         self.workers: dict[str, Worker] = {}
+        # The workers reach the store through a proxy that can slow its answers.
+        assert cluster.store is not None
+        self.store_proxy = FaultProxy(cluster.store.port, keep_idle=True)
+        self.worker_env = {"LEADER_STORE": f"redis://127.0.0.1:{self.store_proxy.port}/0"}
         for process in ("w1", "w2"):
             self.start_worker(process)
         self.ports["beat1"] = free_port()
@@ -168,7 +173,12 @@ class Scenario:
     def start_worker(self, process: str, env: dict[str, str] | None = None) -> Worker:
         self.ports[process] = free_port()
         (worker,) = self.cluster.start(
-            1, env={"LEADER_METRICS_PORT": str(self.ports[process]), **(env or {})}
+            1,
+            env={
+                "LEADER_METRICS_PORT": str(self.ports[process]),
+                **self.worker_env,
+                **(env or {}),
+            },
         )
         self.workers[process] = worker
         return worker
@@ -250,15 +260,14 @@ class Scenario:
             self.cluster.store.resume()
 
     def slow_store(self) -> None:
-        """Each store answer waits a quarter second, until renewals are reported slow."""
-        assert self.cluster.store is not None
+        """Every store answer to the workers comes 0.12 s late: each renewal takes more than
+        a quarter of the 0.33 s store timeout, and succeeds (Redis reads get half of it)."""
         since = time.time()
-        until = time.monotonic() + 40  # slow for 10 m / 60 before the alert fires
-        while time.monotonic() < until and not self.log.fired("CeleryLeaderRenewalSlow", since):
-            self.cluster.store.pause()
-            time.sleep(0.25)
-            self.cluster.store.resume()
-            time.sleep(0.1)
+        self.store_proxy.set_mode("trickle", delay=0.12, hang_after=10**9)
+        try:
+            self.log.wait_firing("CeleryLeaderRenewalSlow", since, 40)
+        finally:
+            self.store_proxy.set_mode("pass")
 
     def leader_killed(self) -> None:
         """The leading worker SIGKILLed; a new worker takes its place among the competitors."""
@@ -393,4 +402,5 @@ def test_every_alert_fires_on_its_fault_and_clears_and_every_panel_has_data(
     finally:
         if scenario is not None:
             scenario.log.stop()
+            scenario.store_proxy.close()
         prometheus.stop()

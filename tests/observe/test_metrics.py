@@ -316,8 +316,8 @@ def test_the_watchdog_gauge_follows_a_real_watchdog_through_its_death_and_replac
 
 
 def test_a_renewal_past_half_the_store_timeout_counts_as_slow(tmp_path):
-    """A real Redis paused for 0.37 s while a renewal waits: that renewal, past half the
-    0.4 s store timeout, counts as slow; the quick ones before it do not."""
+    """A real Redis paused for 0.37 s while a renewal waits: that renewal, past a quarter
+    of the 0.4 s store timeout, counts as slow; the quick ones before it do not."""
     from harness.servers import RedisServer
 
     server = RedisServer(tmp_path).start()
