@@ -121,6 +121,11 @@ CONFIRM_TIMEOUT = 1.0
 #: lifeline before it competes: a term is tied only to a lifeline confirmed when it is
 #: acquired, and a worker's first term is often its longest.
 OPEN_WAIT = 1.0
+#: Seconds a lease manager waits, after its process's confirmed lifeline ended, for the next
+#: one to be confirmed before it competes without (its open after :data:`REOPEN_AFTER`, and
+#: a round trip): a store restart ends every lifeline at once, and a term won in the second
+#: before they reopen would be tied to none for its whole life.
+REOPEN_WAIT = REOPEN_AFTER + 0.5
 
 
 Callback = Callable[[], None]
@@ -155,6 +160,11 @@ class HolderLifeline:
         self._thread: threading.Thread | None = None
         self._opened = threading.Event()
         self._open_failures = 0
+        #: Until when (lease clock) a lifeline is expected confirmed again: set when a
+        #: confirmed one ends, cleared when an open fails (none may come: do not wait).
+        self._expected_until = 0.0
+        #: The key of the last lifeline confirmed at least once.
+        self._confirmed_key = ""
         _LIVE.add(self)
 
     # -- reading (any thread) -------------------------------------------------
@@ -170,6 +180,20 @@ class HolderLifeline:
         if lifeline is None or self._now() >= self._valid_until:
             return ""
         return lifeline.key
+
+    def reopening_in(self) -> float:
+        """Seconds until a new lifeline is expected confirmed, when one is awaited; else 0.
+
+        Awaited for :data:`REOPEN_WAIT` after a lifeline that had been
+        confirmed ended, and no longer once an open failed: a store that
+        refuses lifelines never holds an election back for more than that.
+        0 while a lifeline is confirmed, before the first, and while a
+        confirmation is late (an answer that never comes ends the lifeline,
+        and the wait starts then).
+        """
+        if self.key():
+            return 0.0
+        return max(0.0, self._expected_until - self._now())
 
     def is_open(self, key: str) -> bool:
         """True while *key* names the lifeline now open (confirmed lately or not).
@@ -251,6 +275,7 @@ class HolderLifeline:
                 opened = self._store.open_lifeline()
             except Exception as exc:  # noqa: BLE001 - retried; a lifeline is never fatal
                 self._open_failures += 1
+                self._expected_until = 0.0
                 if self._open_failures == 1:
                     logger.warning(
                         "celery-leader: cannot open a lifeline on %s (failover waits for "
@@ -281,6 +306,7 @@ class HolderLifeline:
             self._end(lifeline, str(exc))
             return False
         self._valid_until = max(self._valid_until, sent + GRACE)
+        self._confirmed_key = lifeline.key
         self._opened.set()
         for listener in self._listeners_confirmed():
             try:
@@ -292,6 +318,10 @@ class HolderLifeline:
     def _end(self, lifeline: Lifeline, why: str) -> None:
         self._valid_until = 0.0
         self._lifeline = None
+        # Only a lifeline that was confirmed is awaited again: one that ends at its first
+        # confirmation (a pooler moving sessions) would otherwise hold elections back forever.
+        confirmed = lifeline.key == self._confirmed_key
+        self._expected_until = self._now() + REOPEN_WAIT if confirmed else 0.0
         with suppress(Exception):
             lifeline.close()
         logger.warning(

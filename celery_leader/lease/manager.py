@@ -87,6 +87,9 @@ RELEASE_SLACK = 0.05
 #: which an attempt held back by a balancer counts as not looking then (a follower tries
 #: within its jitter of that moment otherwise).
 STALE_LOOK = 0.1
+#: Seconds between two looks at whether this process's new lifeline is confirmed, while an
+#: attempt to acquire waits for it (at most :data:`~celery_leader.lease.lifeline.REOPEN_WAIT`).
+REOPEN_POLL = 0.1
 
 
 class Role(enum.Enum):
@@ -617,6 +620,13 @@ class LeaseManager:
         if wait > 0:
             self._held_back = True  # not looking at the lease meanwhile: the story may go stale
             return self._on_grid(wait)
+        reopening = 0.0 if self._lifeline is None else self._lifeline.reopening_in()
+        if reopening > 0:
+            # This process's lifeline just ended (a store restart, a failover, a killed
+            # connection) and a new one opens within the second: a term won before it is
+            # tied to none for its whole life, so a death in it would wait out the lease.
+            self._held_back = True
+            return min(reopening, REOPEN_POLL)
         return None
 
     def _try_acquire(self) -> float:

@@ -10,6 +10,9 @@ What each test shows, on real ``celery worker`` processes:
 * ``CLIENT KILL`` of the leader's lifeline connection while the leader
   lives: it stops leading (its terminate run ends), and the next leader
   starts only after that.
+* every lifeline ending at once (Redis restarted empty, every PostgreSQL
+  session ended): the next term is tied to its holder's new lifeline, and
+  that holder's death is seen as fast.
 
 And on real ``celery beat`` processes (two beats, one worker running what
 they send): a killed sending beat is replaced long before its lease ends; a
@@ -378,3 +381,56 @@ def test_a_store_restart_never_lets_two_beat_terms_send_at_once(cluster_for):
     assert stopped < 1.0, f"the term whose store restarted sent {stopped:.2f} s after it"
     took = min(s["at"] for s in theirs) - restarted_at
     assert took >= TTL * 0.9, f"a term sent {took:.2f} s after an empty restart (hold-off {TTL:g})"
+
+
+def _end_every_postgres_session(url: str) -> None:
+    """What a PostgreSQL restart does to its clients, the data kept: every session ends."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE pid <> pg_backend_pid() AND datname = current_database()"
+        )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lifeline_store", ["redis", "postgres"], indirect=True)
+def test_the_term_after_a_store_restart_is_tied_to_a_lifeline(lifeline_store, cluster_for):
+    """Every lifeline ends at once (Redis restarts empty; PostgreSQL ends every session, its
+    data kept), and the next term begins only once its holder's new lifeline is confirmed,
+    so a death ends that term fast too (without the wait, the term won in the second before
+    the lifelines reopen had none, and its holder's death waited out the lease)."""
+    cluster = _fast_cluster(cluster_for, lifeline_store)
+    cluster.start(2)
+    cluster.leader_worker(timeout=20)
+    restarted_at = time.monotonic()
+    if lifeline_store is None:
+        cluster.store.restart_empty()
+    else:
+        _end_every_postgres_session(lifeline_store)
+
+    def tied() -> LeaseRecord | None:
+        store = open_store(cluster.env["LEADER_STORE"], timeout=2)
+        try:
+            record = store.read(cluster.name)
+        finally:
+            store.close()
+        return record
+
+    record = wait_for(tied, TTL, step=0.05)
+    assert record is not None, "nobody took the lease after the restart"
+    assert record.lifeline, f"the term after the restart is tied to no lifeline: {record}"
+    # Past a restarted store's hold-off (one ttl after the restart), the holder leads.
+    time.sleep(max(0.0, restarted_at + TTL + 1 - time.monotonic()))
+    leader = cluster.leader_worker(timeout=TTL)
+    assert leader.nodename == record.nodename
+    killed_at = time.monotonic()
+    os.kill(leader.proc.pid, signal.SIGKILL)
+    leader.proc.wait(10)
+    cluster.send("leader_record", 1)
+    rows = cluster.wait_history(lambda r: any(x.get("i") == 1 for x in _runs(r)), TTL + 10)
+    (first,) = [x for x in _runs(rows) if x.get("i") == 1]
+    took = first["at"] - killed_at
+    assert first["worker"] != leader.nodename
+    assert took < TTL / 2, f"first leader task {took:.2f} s after the kill (lease {TTL:g} s)"

@@ -22,6 +22,7 @@ from celery_leader.lease.lifeline import (
     GRACE,
     KILL_ALLOWANCE,
     REOPEN_AFTER,
+    REOPEN_WAIT,
     TAKEOVER_WAIT,
     HolderLifeline,
     LifelineMonitor,
@@ -109,6 +110,59 @@ def test_a_confirmation_that_times_out_ends_the_lifeline_and_the_next_has_a_new_
     assert holder.valid_until("k0") == 0.0
     holder.step()
     assert holder.key() == "k1"
+
+
+def test_a_new_lifeline_is_awaited_only_after_a_confirmed_one_ended_and_not_past_a_failed_open():
+    clock = Clock()
+    server = FakeServer(clock)
+    holder = HolderLifeline(server, "fake", now=clock)  # type: ignore[arg-type]
+    assert holder.reopening_in() == 0.0, "before the first lifeline: the start waits for it"
+    holder.step()
+    assert holder.reopening_in() == 0.0, "confirmed now: nothing to wait for"
+    server.kept.clear()  # the server restarted: the lifeline ended
+    ended_at = clock.t
+    assert holder.step() == REOPEN_AFTER
+    assert holder.reopening_in() == REOPEN_WAIT
+    clock.t = ended_at + REOPEN_AFTER
+    holder.step()  # opened and confirmed again
+    assert holder.key() == "k1" and holder.reopening_in() == 0.0
+    server.kept.clear()
+    holder.step()
+    clock.t += REOPEN_WAIT + 0.01
+    assert holder.reopening_in() == 0.0, "awaited for REOPEN_WAIT at most"
+
+    # A store that refuses new lifelines: no wait once an open failed.
+    def refuse() -> FakeLifeline:
+        raise LifelineEndedError("refused")
+
+    holder2 = HolderLifeline(server, "fake", now=clock)  # type: ignore[arg-type]
+    holder2.step()
+    server.kept.clear()
+    holder2.step()
+    assert holder2.reopening_in() > 0
+    server.open_lifeline = refuse  # type: ignore[method-assign]
+    holder2.step()
+    assert holder2.reopening_in() == 0.0, "an open failed: competing goes on without a lifeline"
+
+
+def test_a_lifeline_that_ends_before_its_first_confirmation_is_not_awaited_again():
+    """A lifeline ending at its first confirmation every time (a pooler moving sessions) must
+    never hold an election back: only a confirmed lifeline's end starts the wait."""
+    clock = Clock()
+    server = FakeServer(clock)
+    holder = HolderLifeline(server, "fake", now=clock)  # type: ignore[arg-type]
+    real_open = server.open_lifeline
+
+    def open_dead() -> FakeLifeline:
+        lifeline = real_open()
+        server.kept.discard(lifeline.key)  # gone before its first confirmation
+        return lifeline
+
+    server.open_lifeline = open_dead  # type: ignore[method-assign]
+    for _ in range(3):
+        holder.step()
+        assert holder.reopening_in() == 0.0
+        clock.t += REOPEN_AFTER
 
 
 def test_a_follower_sees_an_end_only_within_one_session():
