@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TASKS = "tests.integration.leaderapp"
 LEADER_TASKS = (
     "leader_record",
+    "grow_memory",
     "slow_terminate",
     "slow_cancel",
     "slow_finish",

@@ -87,6 +87,20 @@ def leader_record(self, i):
     return i
 
 
+@leader_only
+@app.task(bind=True)
+def grow_memory(self, tag):
+    """Allocate (and touch) 10 MB at a time until the kernel kills the process."""
+    record("start", self, tag=tag, pid=os.getpid())
+    held = []
+    for _ in range(400):
+        block = bytearray(10 * 1024 * 1024)
+        block[::4096] = b"\x01" * len(range(0, len(block), 4096))
+        held.append(block)
+    record("end", self, tag=tag)
+    return tag
+
+
 @app.task(bind=True)
 def plain_record(self, i):
     record("plain", self, i=i)

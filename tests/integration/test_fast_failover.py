@@ -6,6 +6,8 @@ What each test shows, on real ``celery worker`` processes:
   next leader runs leader work within a few seconds, far sooner than the
   lease (10 s) would let it, and a ``terminate`` run left in the dead
   leader's pool child is gone before the next leader's first run starts;
+* the kernel's OOM killer ending a solo-pool leader (in a memory cgroup)
+  whose leader task outgrew its limit: replaced as fast as after SIGKILL;
 * SIGSTOP is not death: nobody takes over early;
 * ``CLIENT KILL`` of the leader's lifeline connection while the leader
   lives: it stops leading (its terminate run ends), and the next leader
@@ -35,6 +37,7 @@ from celery_leader.stores import open_store
 from celery_leader.stores.base import LeaseRecord
 from celery_leader.stores.redis_lifeline import client_name
 from harness.cluster import Cluster
+from harness.oom import MemoryCage
 from tests.integration.test_beat import gaps, wait_sending
 from tests.lease.test_election import wait_for
 from tests.store_matrix import STORES
@@ -434,3 +437,29 @@ def test_the_term_after_a_store_restart_is_tied_to_a_lifeline(lifeline_store, cl
     took = first["at"] - killed_at
     assert first["worker"] != leader.nodename
     assert took < TTL / 2, f"first leader task {took:.2f} s after the kill (lease {TTL:g} s)"
+
+
+@pytest.mark.slow
+def test_a_leader_killed_by_the_oom_killer_is_replaced_before_its_lease_ends(cluster_for):
+    """The kernel's OOM killer, not a signal of ours: a solo-pool leader (its tasks run in its
+    main process) in a memory cgroup runs a leader task that outgrows the cgroup's limit."""
+    cluster = _fast_cluster(cluster_for)
+    cluster.start(2, pool="solo")
+    leader = cluster.leader_worker(timeout=20)
+    with MemoryCage(limit_bytes=200 * 1024 * 1024) as cage:
+        cage.add(leader.proc.pid)
+        cluster.send("grow_memory", "oom")
+        leader.proc.wait(30)
+        killed_at = time.monotonic()
+        assert leader.proc.returncode == -signal.SIGKILL, leader.proc.returncode
+        assert cage.oom_kills() >= 1, "the leader died, but not by the OOM killer"
+    cluster.send("leader_record", 1)
+    rows = cluster.wait_history(lambda r: any(x.get("i") == 1 for x in _runs(r)), TTL + 10)
+    (first,) = [x for x in _runs(rows) if x.get("i") == 1]
+    (grew,) = [x for x in _runs(rows) if x.get("tag") == "oom"]
+    assert grew["worker"] == leader.nodename
+    assert not [x for x in _runs(rows, "end") if x.get("tag") == "oom"]
+    took = first["at"] - killed_at
+    assert first["worker"] != leader.nodename
+    assert took < TTL / 2, f"first leader task {took:.2f} s after the OOM kill (lease {TTL:g} s)"
+    print(f"OOM kill -> first leader task on the next worker: within {took:.3f} s")
