@@ -254,6 +254,23 @@ def _restart_store(stage: Stage) -> None:
     server.start()
 
 
+def _cut_store_and_restart_it(stage: Stage) -> None:
+    """The leader cut from the store, and the store's server crashed and started again.
+
+    Every lifeline ends with the restart, the cut-off leader's with the others, though
+    it never hears of it: its confirmations stop coming back, so its term pauses within
+    the lifeline's grace whatever it hears. The followers' readings start a new session
+    and prove nothing: no early takeover. Redis comes back empty, PostgreSQL from its
+    WAL; either way the next acquire holds off until one ttl after the start.
+    """
+    _cut_store(stage)
+    server = stage.store
+    assert isinstance(server, (PostgresServer, RedisServer))
+    server.kill()
+    stage.store_back_at = time.monotonic()
+    server.start()
+
+
 def _store_down_past_ttl(stage: Stage) -> None:
     """The store's server killed, left down past the ttl, and started again.
 
@@ -372,6 +389,16 @@ FAULTS = {
             hold=hold_past_gap_bound,
             stores=("postgres",),
             gap_allowance=lambda ttl: ttl + 1.0,
+            holds_off=True,
+        ),
+        Fault(
+            "leader-store-restart",
+            "the leader cut from the store, and the store's server restarted meanwhile",
+            _cut_store_and_restart_it,
+            moves_lease=True,
+            stores=("redis", "postgres"),
+            # The next term waits for one ttl after the store's start, not after the cut.
+            gap_allowance=lambda ttl: 3.0,
             holds_off=True,
         ),
         Fault(

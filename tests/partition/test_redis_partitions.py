@@ -37,6 +37,24 @@ def test_leader_cut_from_the_store_with_lifelines_stops_before_another_leads(
     _judge(redis_fast_bed, "leader-store")
 
 
+def test_leader_cut_from_the_store_while_it_restarts_with_lifelines(
+    redis_fast_bed: PartitionBed,
+) -> None:
+    """With leader_fast_failover: the leader cut from the store, and the store restarted (empty)
+    meanwhile. Every lifeline ends with the restart; the cut-off leader never hears of it but
+    stops within its grace, and nobody takes over early across the restart (a new session
+    proves nothing): the next term runs one ttl after the store's start, never beside the
+    old one; and that term is tied to its holder's new lifeline."""
+    _judge(redis_fast_bed, "leader-store-restart")
+    cluster = redis_fast_bed.cluster
+    store = open_store(cluster.env["LEADER_STORE"], timeout=2)
+    try:
+        record = store.read(cluster.name)
+    finally:
+        store.close()
+    assert record is not None and record.lifeline, f"no lifeline after the restart: {record}"
+
+
 def test_leader_cut_from_the_broker_hands_over_to_a_worker_that_reaches_it(
     redis_bed: PartitionBed,
 ) -> None:
