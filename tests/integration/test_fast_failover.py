@@ -9,8 +9,8 @@ What each test shows, on real ``celery worker`` processes:
 * the kernel's OOM killer ending a solo-pool leader (in a memory cgroup)
   whose leader task outgrew its limit: replaced as fast as after SIGKILL;
 * SIGSTOP is not death: nobody takes over early;
-* ``CLIENT KILL`` of the leader's lifeline connection while the leader
-  lives: it stops leading (its terminate run ends), and the next leader
+* ``CLIENT KILL`` (Redis) or ``pg_terminate_backend`` (PostgreSQL) of the
+  leader's lifeline connection while the leader lives: it stops leading (its terminate run ends), and the next leader
   starts only after that.
 * every lifeline ending at once (Redis restarted empty, every PostgreSQL
   session ended): the next term is tied to its holder's new lifeline, and
@@ -35,6 +35,7 @@ import redis
 
 from celery_leader.stores import open_store
 from celery_leader.stores.base import LeaseRecord
+from celery_leader.stores.postgres_lifeline import LOCK_SPACE, lock_of
 from celery_leader.stores.redis_lifeline import client_name
 from harness.cluster import Cluster
 from harness.oom import MemoryCage
@@ -197,21 +198,41 @@ def test_a_stopped_leader_is_not_taken_for_dead(cluster_for):
         store.close()
 
 
+def _kill_lifeline_connection(store_url: str, key: str) -> None:
+    """What an operator does to one connection: CLIENT KILL, or pg_terminate_backend."""
+    if store_url.startswith("redis"):
+        admin = redis.Redis.from_url(store_url, decode_responses=True)
+        try:
+            (connection,) = [c for c in admin.client_list() if c["name"] == client_name(key)]
+            admin.client_kill_filter(_id=connection["id"])
+        finally:
+            admin.close()
+        return
+    import psycopg
+
+    with psycopg.connect(store_url, autocommit=True) as admin:
+        row = admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory'"
+            " AND classid = %s AND objid = %s AND objsubid = 2 AND granted",
+            (LOCK_SPACE, lock_of(key)),
+        ).fetchone()
+    assert row is not None and row[0] == 1, f"no session holds the lifeline's lock: {row}"
+
+
 @pytest.mark.slow
-def test_a_killed_lifeline_connection_ends_the_term_before_the_next_begins(cluster_for):
-    cluster = _fast_cluster(cluster_for)
+@pytest.mark.parametrize("lifeline_store", ["redis", "postgres"], indirect=True)
+def test_a_killed_lifeline_connection_ends_the_term_before_the_next_begins(
+    lifeline_store, cluster_for
+):
+    cluster = _fast_cluster(cluster_for, lifeline_store)
     cluster.start(2)
     leader, long_run = _long_run_in_the_leader(cluster)
     record = _record(cluster, cluster.name)
     assert record.lifeline, "the leader's term is not tied to a lifeline"
     watch = GoneWatch()
     watch.add(long_run["pid"])
-    admin = redis.Redis.from_url(cluster.env["LEADER_STORE"], decode_responses=True)
     try:
-        (connection,) = [
-            c for c in admin.client_list() if c["name"] == client_name(record.lifeline)
-        ]
-        admin.client_kill_filter(_id=connection["id"])
+        _kill_lifeline_connection(cluster.env["LEADER_STORE"], record.lifeline)
         ended = wait_for(lambda: "lifeline-ended" in leader.text(), timeout=10)
         assert ended, "the leader did not hear that its lifeline ended"
         cluster.send("leader_record", 1)
@@ -219,7 +240,6 @@ def test_a_killed_lifeline_connection_ends_the_term_before_the_next_begins(clust
             lambda r: any(x["token"] != long_run["token"] for x in _runs(r)), TTL + 10
         )
     finally:
-        admin.close()
         watch.close()
     # The first run of a later term (a run of the same term may start before the end is heard).
     later = [x for x in _runs(rows) if x["token"] != long_run["token"]]
