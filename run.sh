@@ -83,6 +83,8 @@ test_services() {
   # The alert rules' and the dashboard's tests run promtool (check rules, test rules); the
   # live test (tests/integration/test_prometheus_live.py) runs a Prometheus server.
   { command -v prometheus && command -v promtool; } >/dev/null || apt_install prometheus
+  # The lifeline tests behind a pooler (tests/stores/test_postgres_pooler.py) run PgBouncer.
+  [ -x /usr/sbin/pgbouncer ] || apt_install pgbouncer
   # The other RabbitMQ broker tests use the machine's RabbitMQ on 127.0.0.1:5672 (guest/guest).
   if ! port_open 5672; then
     as_root rabbitmq-server -detached >/dev/null 2>&1 || true

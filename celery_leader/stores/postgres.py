@@ -118,7 +118,11 @@ from celery_leader.stores.base import (
     MissingExtraError,
     Watch,
 )
-from celery_leader.stores.postgres_lifeline import LifelineReader, PostgresLifeline
+from celery_leader.stores.postgres_lifeline import (
+    ERR_SESSION_OUTLIVES,
+    LifelineReader,
+    PostgresLifeline,
+)
 from celery_leader.stores.watch import Fanout, shared_fanout
 
 logger = logging.getLogger(__name__)
@@ -375,6 +379,10 @@ class PostgresLeaseStore:
             lambda: _connect(url, timeout, "celery-leader-lifelines"), timeout, self._message
         )
         self._closed = False
+        #: Whether a session was seen ending with its connection (checked at the first open
+        #: of a lifeline), and the refusal when one outlived it (a pooler's mode).
+        self._sessions_end = False
+        self._sessions_outlive: str | None = None
 
     # -- the connection ---------------------------------------------------------
 
@@ -667,11 +675,22 @@ class PostgresLeaseStore:
         """
         if self._closed:
             raise StoreError(f"lease store {self.url}: open lifeline after close()")
-        return PostgresLifeline.open(
-            lambda: _connect(self._dsn, self._timeout, "celery-leader-lifeline"),
-            self._timeout,
-            self._message,
-        )
+        if self._sessions_outlive is not None:
+            # Found once: a pooler's mode does not change under a running process.
+            raise StoreError(self._sessions_outlive)
+        try:
+            lifeline = PostgresLifeline.open(
+                lambda: _connect(self._dsn, self._timeout, "celery-leader-lifeline"),
+                self._timeout,
+                self._message,
+                check_sessions=not self._sessions_end,
+            )
+        except StoreError as exc:
+            if ERR_SESSION_OUTLIVES in str(exc):
+                self._sessions_outlive = str(exc)
+            raise
+        self._sessions_end = True
+        return lifeline
 
     def read_lifelines(self, keys: Collection[str]) -> LifelineReading:
         """Which of *keys* have their lock held now: one statement on the readings' connection."""

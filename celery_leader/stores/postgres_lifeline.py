@@ -48,15 +48,15 @@ PgBouncer in *session* mode gives a client one server session for its whole
 connection and runs ``DISCARD ALL`` (which releases advisory locks) when the
 client leaves: lifelines work. In *transaction* or *statement* mode a
 client's statements go to any server session: the lock stays with the
-session that took it, even after the client died. Opening a lifeline checks
-with a second statement that its session still holds the lock and refuses
-with :data:`ERR_POOLER` when it does not, and every confirmation checks it
-again: a pooler that moves the lifeline to another session ends it, and the
-holder stops leading within its grace. A pooler that happens to give the
-same server session to every statement passes those checks; the lock then
-outlives a dead holder in the pooler's session, so followers never see it
-end and wait for the lease to expire. Point the store's URL at the server,
-not at a transaction-mode pooler.
+session that took it, even after the client died. The first lifeline a
+store opens checks that a session ends with its connection
+(:func:`check_sessions_end`: a probe's lock must go once the probe closed)
+and the store refuses every lifeline with :data:`ERR_SESSION_OUTLIVES` when
+it does not. Opening a lifeline also checks with a second statement that its
+session still holds the lock (:data:`ERR_POOLER`), and every confirmation
+checks it again: a pooler that moves the lifeline to another session ends
+it, and the holder stops leading within its grace. Point the store's URL at
+the server, not at a transaction-mode pooler.
 """
 
 from __future__ import annotations
@@ -82,6 +82,18 @@ ERR_POOLER = (
     " transaction mode (PgBouncer?) between the store and the server; lifelines need the"
     " server itself or a session-mode pooler (failover waits for the lease to expire)"
 )
+#: Said when a session outlived the client connection that opened it (:func:`check_sessions_end`).
+ERR_SESSION_OUTLIVES = (
+    "a server session outlived the client connection that opened it: a connection pooler in"
+    " transaction or statement mode (PgBouncer?) sits between the store and the server, and"
+    " a dead process's lifeline would never end; lifelines need the server itself or a"
+    " session-mode pooler (failover waits for the lease to expire)"
+)
+#: Seconds the session of a closed probe connection may take to end (a direct connection's
+#: ends within milliseconds of its close).
+SESSION_END_WAIT = 2.0
+#: Seconds between two looks at whether the probe's session ended.
+SESSION_END_POLL = 0.02
 #: Said when a confirmation finds the lifeline's session no longer holds its lock.
 ERR_LOCK_GONE = "its session no longer holds its advisory lock (a pooler in transaction mode?)"
 
@@ -99,6 +111,11 @@ _READ = (
 )
 #: Take the lifeline lock ($1 LOCK_SPACE, $2 the key's id) if no session holds it.
 _TAKE = b"SELECT pg_try_advisory_lock($1::int4, $2::int4)"
+#: Whether any session holds the lifeline lock ($1 LOCK_SPACE, $2 the key's id) now.
+_HELD = (
+    b"SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+    b" AND classid = $1::oid AND objid = $2::oid AND objsubid = 2)"
+)
 #: Whether this very session holds the lifeline lock ($1 LOCK_SPACE, $2 the key's id) now.
 _HOLDS = (
     b"SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
@@ -176,13 +193,21 @@ class PostgresLifeline:
 
     @classmethod
     def open(
-        cls, connect: Callable[[], Any], timeout: float, describe: Describe
+        cls,
+        connect: Callable[[], Any],
+        timeout: float,
+        describe: Describe,
+        *,
+        check_sessions: bool = False,
     ) -> PostgresLifeline:
         """Connect, take the lock of a fresh key, and check its session still holds it.
 
-        Raises :class:`~celery_leader.exceptions.StoreError` when the server
-        cannot be reached, every lock id drawn was taken, or the lock was not
-        the session's at the next statement (:data:`ERR_POOLER`).
+        With *check_sessions*, first check that a session ends with its
+        connection (:func:`check_sessions_end`). Raises
+        :class:`~celery_leader.exceptions.StoreError` when the server cannot
+        be reached, every lock id drawn was taken, the lock was not the
+        session's at the next statement (:data:`ERR_POOLER`), or a session
+        outlived its connection (:data:`ERR_SESSION_OUTLIVES`).
         """
         import psycopg  # noqa: PLC0415 - an optional extra, there once a store is open
 
@@ -191,6 +216,8 @@ class PostgresLifeline:
         except psycopg.Error as exc:
             raise StoreUnreachableError(describe("open lifeline", exc)) from None
         try:
+            if check_sessions:
+                check_sessions_end(connect, conn.pgconn, timeout, describe)
             key = _take_lock(conn.pgconn, timeout, describe)
         except TimeoutError as exc:
             conn.close()
@@ -265,6 +292,38 @@ def _take_lock(pgconn: Any, timeout: float, describe: Describe) -> str:
     if held.get_value(0, 0) != b"t":
         raise StoreError(describe("open lifeline", RuntimeError(ERR_POOLER)))
     return key
+
+
+def check_sessions_end(
+    connect: Callable[[], Any], pgconn: Any, timeout: float, describe: Describe
+) -> None:
+    """Raise StoreError (:data:`ERR_SESSION_OUTLIVES`) unless a session ends with its connection.
+
+    A probe connection takes a lock of a fresh key and closes; *pgconn*
+    (another connection) then looks until no session holds that lock, for
+    :data:`SESSION_END_WAIT` at most. The server ends a direct
+    connection's session at its close (and a session-mode pooler releases
+    advisory locks with ``DISCARD ALL`` when its client leaves); a pooler in
+    transaction or statement mode keeps the server session, lock and all,
+    for its next client: a lifeline would then outlive its dead holder, and
+    no follower would ever see it end. Raises ``psycopg.Error`` and
+    ``TimeoutError`` as :func:`_round_trip` does.
+    """
+    probe = connect()
+    try:
+        key = _take_lock(probe.pgconn, timeout, describe)
+    finally:
+        probe.close()
+    lock = _params(LOCK_SPACE, lock_of(key))
+    deadline = time.monotonic() + SESSION_END_WAIT
+    while True:
+        held = _round_trip(pgconn, _HELD, lock, timeout)
+        _check(held, describe)
+        if held.get_value(0, 0) != b"t":
+            return
+        if time.monotonic() >= deadline:
+            raise StoreError(describe("open lifeline", RuntimeError(ERR_SESSION_OUTLIVES)))
+        time.sleep(SESSION_END_POLL)
 
 
 def _check(result: Any, describe: Describe) -> None:

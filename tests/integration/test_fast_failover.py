@@ -10,8 +10,8 @@ What each test shows, on real ``celery worker`` processes:
   whose leader task outgrew its limit: replaced as fast as after SIGKILL;
 * SIGSTOP is not death: nobody takes over early;
 * ``CLIENT KILL`` (Redis) or ``pg_terminate_backend`` (PostgreSQL) of the
-  leader's lifeline connection while the leader lives: it stops leading (its terminate run ends), and the next leader
-  starts only after that.
+  leader's lifeline connection while the leader lives: it stops leading
+  (its terminate run ends), and the next leader starts only after that.
 * every lifeline ending at once (Redis restarted empty, every PostgreSQL
   session ended): the next term is tied to its holder's new lifeline, and
   that holder's death is seen as fast.

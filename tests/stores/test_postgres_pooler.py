@@ -1,0 +1,106 @@
+"""Lifelines behind a real PgBouncer (Debian's ``pgbouncer``), in each of its pooling modes.
+
+A lifeline must end when its process dies. Behind a pooler in transaction or
+statement mode it would not: the pooler keeps the server session, and the
+session's advisory lock with it, for its next client. Opening a lifeline
+checks that a session ends with its connection (a probe connection's lock
+must go when it closes) and refuses, with one line that names the cause,
+when it does not; the store says so again at once on the next try, without
+a second probe. In session mode PgBouncer releases a leaving client's locks
+(``DISCARD ALL``): lifelines work, and a killed holder's is seen ended.
+The leases themselves work through every mode.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from celery_leader.exceptions import StoreError
+from celery_leader.stores import Holder, open_store
+from celery_leader.stores.postgres import PostgresLeaseStore
+from celery_leader.stores.postgres_lifeline import ERR_SESSION_OUTLIVES
+from harness.pgbouncer import PgBouncer
+from harness.servers import PostgresServer
+from tests.lease.test_election import wait_for
+from tests.stores.test_postgres_lifeline import HOLDER
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[PostgresServer]:
+    running = PostgresServer().start()
+    yield running
+    running.stop()
+
+
+def _through(bouncer: PgBouncer) -> PostgresLeaseStore:
+    opened = open_store(bouncer.url, timeout=2.0)
+    assert isinstance(opened, PostgresLeaseStore)
+    return opened
+
+
+@pytest.mark.parametrize("mode", ["transaction", "statement"])
+def test_a_pooler_that_keeps_sessions_is_refused_with_one_line(server, mode):
+    bouncer = PgBouncer(server, mode).start()
+    store = _through(bouncer)
+    try:
+        # The leases work through the pooler (one statement a call).
+        assert store.acquire("job", Holder("a", "w1", "h", 1), 10.0).acquired
+        with pytest.raises(StoreError) as refused:
+            store.open_lifeline()
+        message = str(refused.value)
+        assert ERR_SESSION_OUTLIVES in message
+        assert "\n" not in message, "one line"
+        assert "pooler" in message and "session-mode" in message
+        started = time.monotonic()
+        with pytest.raises(StoreError, match="outlived"):
+            store.open_lifeline()
+        assert time.monotonic() - started < 0.5, "the refusal is remembered, not probed again"
+    finally:
+        store.close()
+        bouncer.stop()
+
+
+def test_a_session_mode_pooler_passes_and_a_killed_holder_is_seen_ended(server):
+    bouncer = PgBouncer(server, "session").start()
+    store = _through(bouncer)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, bouncer.url], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        key = proc.stdout.readline().strip()
+        assert key, "the holder process did not open a lifeline through the session pooler"
+        assert store.read_lifelines([key]).alive == {key}
+        os.kill(proc.pid, signal.SIGKILL)
+        gone = wait_for(lambda: not store.read_lifelines([key]).alive, timeout=3.0, step=0.01)
+        assert gone, "a killed holder's lifeline is still kept behind a session-mode pooler"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        store.close()
+        bouncer.stop()
+
+
+def test_a_direct_connection_passes_the_check(server):
+    """Straight to the server, a closed probe's session ends at once: lifelines open."""
+    store = open_store(server.url, timeout=2.0)
+    assert isinstance(store, PostgresLeaseStore)
+    try:
+        first = store.open_lifeline()
+        first.confirm(timeout=1.0)
+        first.close()
+        second = store.open_lifeline()
+        second.confirm(timeout=1.0)
+        second.close()
+    finally:
+        store.close()
