@@ -198,12 +198,12 @@ class PostgresLifeline:
         timeout: float,
         describe: Describe,
         *,
-        check_sessions: bool = False,
+        probe: Callable[[], Any] | None = None,
     ) -> PostgresLifeline:
         """Connect, take the lock of a fresh key, and check its session still holds it.
 
-        With *check_sessions*, first check that a session ends with its
-        connection (:func:`check_sessions_end`). Raises
+        With *probe* (a connect of its own), first check that a session ends
+        with its connection (:func:`check_sessions_end`). Raises
         :class:`~celery_leader.exceptions.StoreError` when the server cannot
         be reached, every lock id drawn was taken, the lock was not the
         session's at the next statement (:data:`ERR_POOLER`), or a session
@@ -216,8 +216,8 @@ class PostgresLifeline:
         except psycopg.Error as exc:
             raise StoreUnreachableError(describe("open lifeline", exc)) from None
         try:
-            if check_sessions:
-                check_sessions_end(connect, conn.pgconn, timeout, describe)
+            if probe is not None:
+                check_sessions_end(probe, conn.pgconn, timeout, describe)
             key = _take_lock(conn.pgconn, timeout, describe)
         except TimeoutError as exc:
             conn.close()
