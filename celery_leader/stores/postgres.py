@@ -119,6 +119,7 @@ from celery_leader.stores.base import (
     Watch,
 )
 from celery_leader.stores.postgres_lifeline import (
+    ERR_POOLER,
     ERR_SESSION_OUTLIVES,
     LifelineReader,
     PostgresLifeline,
@@ -380,7 +381,9 @@ class PostgresLeaseStore:
         )
         self._closed = False
         #: Whether a session was seen ending with its connection (checked at the first open
-        #: of a lifeline), and the refusal when one outlived it (a pooler's mode).
+        #: of a lifeline), and the refusal when a pooler was found (a session outlived its
+        #: connection, or a statement went to another session): a pooler's mode does not
+        #: change under a running process, so it is neither probed nor said again.
         self._sessions_end = False
         self._sessions_outlive: str | None = None
 
@@ -676,7 +679,6 @@ class PostgresLeaseStore:
         if self._closed:
             raise StoreError(f"lease store {self.url}: open lifeline after close()")
         if self._sessions_outlive is not None:
-            # Found once: a pooler's mode does not change under a running process.
             raise StoreError(self._sessions_outlive)
         try:
             lifeline = PostgresLifeline.open(
@@ -690,7 +692,7 @@ class PostgresLeaseStore:
                 else lambda: _connect(self._dsn, self._timeout, "celery-leader-probe"),
             )
         except StoreError as exc:
-            if ERR_SESSION_OUTLIVES in str(exc):
+            if ERR_SESSION_OUTLIVES in str(exc) or ERR_POOLER in str(exc):
                 self._sessions_outlive = str(exc)
             raise
         self._sessions_end = True
