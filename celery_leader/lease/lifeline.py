@@ -126,6 +126,14 @@ OPEN_WAIT = 1.0
 #: a round trip): a store restart ends every lifeline at once, and a term won in the second
 #: before they reopen would be tied to none for its whole life.
 REOPEN_WAIT = REOPEN_AFTER + 0.5
+#: Seconds from its first confirmation past which a lifeline counts as steady. Lifelines that
+#: keep ending sooner (a proxy that reconnects by itself, a store that keeps dropping the
+#: connection or answering later than CONFIRM_TIMEOUT) are not awaited (:data:`REOPEN_WAIT`)
+#: after the second in a row: each term won after a wait would be tied to the next such
+#: lifeline and end with it, where one won without a lifeline lasts (waiting every time kept
+#: a process from holding any term for longer than its lifelines lasted, and from leading at
+#: all when its terms hold off).
+STEADY_FOR = 10.0
 
 
 Callback = Callable[[], None]
@@ -163,8 +171,12 @@ class HolderLifeline:
         #: Until when (lease clock) a lifeline is expected confirmed again: set when a
         #: confirmed one ends, cleared when an open fails (none may come: do not wait).
         self._expected_until = 0.0
-        #: The key of the last lifeline confirmed at least once.
+        #: The key of the last lifeline confirmed at least once, and when (lease clock) its
+        #: first confirmation was sent.
         self._confirmed_key = ""
+        self._confirmed_since = 0.0
+        #: The last lifeline that ended had not been confirmed for STEADY_FOR.
+        self._young_end = False
         _LIVE.add(self)
 
     # -- reading (any thread) -------------------------------------------------
@@ -187,6 +199,9 @@ class HolderLifeline:
         Awaited for :data:`REOPEN_WAIT` after a lifeline that had been
         confirmed ended, and no longer once an open failed: a store that
         refuses lifelines never holds an election back for more than that.
+        Not awaited after a lifeline that ended within :data:`STEADY_FOR` of
+        its first confirmation when the one before it did too: lifelines that
+        keep ending young hold an election back twice at most in a row.
         0 while a lifeline is confirmed, before the first, and while a
         confirmation is late (an answer that never comes ends the lifeline,
         and the wait starts then).
@@ -306,7 +321,8 @@ class HolderLifeline:
             self._end(lifeline, str(exc))
             return False
         self._valid_until = max(self._valid_until, sent + GRACE)
-        self._confirmed_key = lifeline.key
+        if self._confirmed_key != lifeline.key:
+            self._confirmed_key, self._confirmed_since = lifeline.key, sent
         self._opened.set()
         for listener in self._listeners_confirmed():
             try:
@@ -316,12 +332,19 @@ class HolderLifeline:
         return True
 
     def _end(self, lifeline: Lifeline, why: str) -> None:
+        # Only a lifeline that was confirmed is awaited again, and not the second of two in a
+        # row that ended young: lifelines that end at or soon after their first confirmation
+        # (a proxy that reconnects) would otherwise hold elections back at every end, and
+        # each term won after a wait would end with the next of them. Set before the key is
+        # cleared: a manager never sees neither a key nor a wait.
+        now = self._now()
+        confirmed = lifeline.key == self._confirmed_key
+        young = not confirmed or now - self._confirmed_since < STEADY_FOR
+        awaited = confirmed and not (young and self._young_end)
+        self._young_end = young
+        self._expected_until = now + REOPEN_WAIT if awaited else 0.0
         self._valid_until = 0.0
         self._lifeline = None
-        # Only a lifeline that was confirmed is awaited again: one that ends at its first
-        # confirmation (a pooler moving sessions) would otherwise hold elections back forever.
-        confirmed = lifeline.key == self._confirmed_key
-        self._expected_until = self._now() + REOPEN_WAIT if confirmed else 0.0
         with suppress(Exception):
             lifeline.close()
         logger.warning(

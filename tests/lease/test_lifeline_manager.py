@@ -303,3 +303,71 @@ def test_a_lifeline_whose_end_was_overwritten_by_a_later_ones_still_ends_its_ter
     manager.step()
     assert [event.kind for event in events] == [EventKind.ELECTED, EventKind.LOST]
     assert events[-1].reason is LossReason.LIFELINE_ENDED
+
+
+class _ShortLine(_InstantLine):
+    """A lifeline confirmed once, then gone (a proxy in between reconnected, say)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key  # type: ignore[misc]
+        self.confirmed = False
+
+    def confirm(self, timeout: float) -> None:
+        if self.confirmed:
+            raise LifelineEndedError("connection closed")
+        self.confirmed = True
+
+
+class _ShortLines(_Lifelines):
+    def __init__(self) -> None:
+        self.opened = 0
+
+    def open_lifeline(self) -> _ShortLine:  # type: ignore[override]
+        self.opened += 1
+        return _ShortLine(f"line-{self.opened}")
+
+
+def test_lifelines_that_keep_ending_after_one_confirmation_never_keep_a_worker_from_leading():
+    """Every lifeline ends at its second confirmation. Awaiting each one's successor (up to
+    REOPEN_WAIT) let the manager acquire only in the 50 ms a lifeline lived, each term tied
+    to it and lost with it: on a store whose terms hold off, it never led at all. It must
+    settle on a term (without a lifeline) as it did before the wait existed."""
+    clock = _Clock()
+    store = ModelStore(lambda: clock.now)  # no record of earlier terms: every term holds off
+    lifelines = _ShortLines()
+    holder = HolderLifeline(lifelines, "sim", now=clock)
+    events: list[LeaseEvent] = []
+    manager = LeaseManager(
+        store,  # type: ignore[arg-type]
+        "job",
+        LeaseTiming.create(3.0),
+        holder=Holder(lease_id="first", nodename="m0", hostname="h", pid=1),
+        listeners=(events.append,),
+        clock=clock,
+        lifeline=holder,
+        lifelines=LifelineMonitor(lifelines, "sim", now=clock, threaded=False),
+    )
+    woken: list[str] = []
+
+    def ended(key: str) -> None:  # as LeaseManager._run adds it, and the wake it sets
+        manager._on_own_lifeline_ended(key)
+        woken.append(key)
+
+    holder.add_listeners(ended=ended)
+    # The two threads on one virtual clock: the lifeline's and the manager's.
+    end = clock.now + 20.0
+    holder_at, manager_at = clock.now, clock.now + 0.001
+    while clock.now < end:
+        if holder_at <= manager_at:
+            clock.now = holder_at
+            holder_at = clock.now + holder.step()
+            if woken:
+                woken.clear()
+                manager_at = clock.now
+        else:
+            clock.now = manager_at
+            manager_at = clock.now + max(manager.step(), 0.001)
+    elected = [e for e in events if e.kind is EventKind.ELECTED]
+    assert manager.is_leader(), f"not leading after 20 s; {len(elected)} terms elected"
+    assert len(elected) == 1
+    assert manager.state().lifeline == "", "tied to one of these lifelines, it would end"

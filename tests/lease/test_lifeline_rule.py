@@ -23,6 +23,7 @@ from celery_leader.lease.lifeline import (
     KILL_ALLOWANCE,
     REOPEN_AFTER,
     REOPEN_WAIT,
+    STEADY_FOR,
     TAKEOVER_WAIT,
     HolderLifeline,
     LifelineMonitor,
@@ -126,6 +127,8 @@ def test_a_new_lifeline_is_awaited_only_after_a_confirmed_one_ended_and_not_past
     clock.t = ended_at + REOPEN_AFTER
     holder.step()  # opened and confirmed again
     assert holder.key() == "k1" and holder.reopening_in() == 0.0
+    clock.t += STEADY_FOR
+    holder.step()
     server.kept.clear()
     holder.step()
     clock.t += REOPEN_WAIT + 0.01
@@ -163,6 +166,46 @@ def test_a_lifeline_that_ends_before_its_first_confirmation_is_not_awaited_again
         holder.step()
         assert holder.reopening_in() == 0.0
         clock.t += REOPEN_AFTER
+
+
+def test_lifelines_that_keep_ending_young_are_awaited_twice_in_a_row_at_most():
+    """Each lifeline ends at its second confirmation (a proxy that reconnects by itself, a
+    store that keeps dropping the connection): awaiting every end kept a process from any
+    term longer than a lifeline (tied to it) and, when its terms hold off, from leading at
+    all. After two young ends in a row it competes without waiting; a steady lifeline's end
+    is awaited again."""
+    clock = Clock()
+    server = FakeServer(clock)
+    holder = HolderLifeline(server, "fake", now=clock)  # type: ignore[arg-type]
+    waits = []
+    for _ in range(4):
+        holder.step()  # opened, confirmed once
+        assert holder.key()
+        clock.t += CONFIRM_EVERY
+        server.kept.clear()  # dropped: its next confirmation fails
+        assert holder.step() == REOPEN_AFTER
+        waits.append(holder.reopening_in())
+        clock.t += REOPEN_AFTER
+    assert waits == [REOPEN_WAIT, 0.0, 0.0, 0.0]
+    holder.step()  # a lifeline that stays
+    assert holder.reopening_in() == 0.0
+    clock.t += STEADY_FOR
+    holder.step()
+    server.kept.clear()
+    holder.step()
+    assert holder.reopening_in() == REOPEN_WAIT, "a steady lifeline's end is awaited again"
+    clock.t += REOPEN_AFTER
+    holder.step()  # the next one ends young: still awaited, the one before was steady
+    clock.t += CONFIRM_EVERY
+    server.kept.clear()
+    holder.step()
+    assert holder.reopening_in() == REOPEN_WAIT
+    clock.t += REOPEN_AFTER
+    holder.step()
+    clock.t += CONFIRM_EVERY
+    server.kept.clear()
+    holder.step()
+    assert holder.reopening_in() == 0.0
 
 
 def test_a_follower_sees_an_end_only_within_one_session():
