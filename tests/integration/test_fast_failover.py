@@ -427,13 +427,8 @@ def test_the_term_after_a_store_restart_is_tied_to_a_lifeline(lifeline_store, cl
     cluster = _fast_cluster(cluster_for, lifeline_store)
     cluster.start(2)
     cluster.leader_worker(timeout=20)
-    restarted_at = time.monotonic()
-    if lifeline_store is None:
-        cluster.store.restart_empty()
-    else:
-        _end_every_postgres_session(lifeline_store)
 
-    def tied() -> LeaseRecord | None:
+    def read() -> LeaseRecord | None:
         store = open_store(cluster.env["LEADER_STORE"], timeout=2)
         try:
             record = store.read(cluster.name)
@@ -441,7 +436,21 @@ def test_the_term_after_a_store_restart_is_tied_to_a_lifeline(lifeline_store, cl
             store.close()
         return record
 
-    record = wait_for(tied, TTL, step=0.05)
+    before = read()
+    assert before is not None
+    restarted_at = time.monotonic()
+    if lifeline_store is None:
+        cluster.store.restart_empty()
+    else:
+        _end_every_postgres_session(lifeline_store)
+
+    def next_term() -> LeaseRecord | None:
+        # PostgreSQL keeps its data: the term before the restart is read until the next one
+        # begins (its holder's lifeline ended: it gives it up).
+        record = read()
+        return record if record is not None and record.token > before.token else None
+
+    record = wait_for(next_term, TTL + 5, step=0.05)
     assert record is not None, "nobody took the lease after the restart"
     assert record.lifeline, f"the term after the restart is tied to no lifeline: {record}"
     # Past a restarted store's hold-off (one ttl after the restart), the holder leads.
