@@ -111,10 +111,12 @@ _READ = (
 )
 #: Take the lifeline lock ($1 LOCK_SPACE, $2 the key's id) if no session holds it.
 _TAKE = b"SELECT pg_try_advisory_lock($1::int4, $2::int4)"
-#: Whether any session holds the lifeline lock ($1 LOCK_SPACE, $2 the key's id) now.
+#: Whether any session holds the lifeline lock ($1 LOCK_SPACE, $2 the key's id) in this
+#: database now (a lock of the same ids in another database is another lock).
 _HELD = (
     b"SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
-    b" AND classid = $1::oid AND objid = $2::oid AND objsubid = 2)"
+    b" AND classid = $1::oid AND objid = $2::oid AND objsubid = 2"
+    b" AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
 )
 #: Whether this very session holds the lifeline lock ($1 LOCK_SPACE, $2 the key's id) now.
 _HOLDS = (
@@ -317,11 +319,14 @@ def check_sessions_end(
     lock = _params(LOCK_SPACE, lock_of(key))
     deadline = time.monotonic() + SESSION_END_WAIT
     while True:
+        # Refused only on a look sent once the wait was over: a process stalled (the GIL, a
+        # starved CPU) after a look sent while the probe's session was still ending looks again.
+        last = time.monotonic() >= deadline
         held = _round_trip(pgconn, _HELD, lock, timeout)
         _check(held, describe)
         if held.get_value(0, 0) != b"t":
             return
-        if time.monotonic() >= deadline:
+        if last:
             raise StoreError(describe("open lifeline", RuntimeError(ERR_SESSION_OUTLIVES)))
         time.sleep(SESSION_END_POLL)
 

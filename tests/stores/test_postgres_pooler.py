@@ -19,12 +19,14 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 
 from celery_leader.exceptions import StoreError
-from celery_leader.stores import Holder, open_store
+from celery_leader.stores import Holder, open_store, postgres_lifeline
 from celery_leader.stores.postgres import PostgresLeaseStore
 from celery_leader.stores.postgres_lifeline import ERR_SESSION_OUTLIVES
 from harness.pgbouncer import PgBouncer
@@ -116,3 +118,71 @@ def test_a_direct_connection_passes_the_check(server):
         second.close()
     finally:
         store.close()
+
+
+class _SeenHeld:
+    """A look's answer that still saw the probe's lock (sent while its session was ending)."""
+
+    status = psycopg.pq.ExecStatus.TUPLES_OK
+
+    def get_value(self, row: int, column: int) -> bytes:
+        return b"t"
+
+
+def test_a_stall_after_a_look_that_saw_the_probe_is_not_a_pooler(server, monkeypatch):
+    """The process stalled (the GIL, a starved CPU) past the wait right after a look that still
+    saw the closing probe's lock: it looks once more before it refuses, and the session had
+    ended by then. Refusing would have turned lifelines off for the process's whole life."""
+    monkeypatch.setattr(postgres_lifeline, "SESSION_END_WAIT", 0.3)
+    real = postgres_lifeline._round_trip
+    looks = []
+
+    def round_trip(pgconn, query, params, timeout):
+        result = real(pgconn, query, params, timeout)
+        if query == postgres_lifeline._HELD:
+            looks.append(result)
+            if len(looks) == 1:
+                time.sleep(postgres_lifeline.SESSION_END_WAIT + 0.1)
+                return _SeenHeld()
+        return result
+
+    monkeypatch.setattr(postgres_lifeline, "_round_trip", round_trip)
+    store = open_store(server.url, timeout=2.0)
+    assert isinstance(store, PostgresLeaseStore)
+    try:
+        lifeline = store.open_lifeline()
+        lifeline.confirm(timeout=1.0)
+        lifeline.close()
+        assert len(looks) == 2, "one more look after the stall"
+    finally:
+        store.close()
+
+
+def test_a_lock_of_the_same_ids_in_another_database_is_not_the_probes(server, monkeypatch):
+    """Advisory locks are per database: another database's lifeline that drew the probe's
+    31 bits holds another lock, and the probe's session still ended."""
+    admin = psycopg.connect(server.url, autocommit=True)
+    try:
+        if not admin.execute("SELECT 1 FROM pg_database WHERE datname = 'other'").fetchone():
+            admin.execute("CREATE DATABASE other")
+    finally:
+        admin.close()
+    fixed = uuid.UUID("5eed0000000000000000000000000001")
+    other = psycopg.connect(server.url.rsplit("/", 1)[0] + "/other", autocommit=True)
+    try:
+        other.execute(
+            "SELECT pg_advisory_lock(%s::int4, %s::int4)",
+            (postgres_lifeline.LOCK_SPACE, postgres_lifeline.lock_of(fixed.hex)),
+        )
+        monkeypatch.setattr(postgres_lifeline.uuid, "uuid4", lambda: fixed)
+        monkeypatch.setattr(postgres_lifeline, "SESSION_END_WAIT", 0.3)
+        store = open_store(server.url, timeout=2.0)
+        assert isinstance(store, PostgresLeaseStore)
+        try:
+            lifeline = store.open_lifeline()
+            lifeline.confirm(timeout=1.0)
+            lifeline.close()
+        finally:
+            store.close()
+    finally:
+        other.close()
