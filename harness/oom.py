@@ -9,6 +9,7 @@ memory. Needs root (CI runs as root).
 
 from __future__ import annotations
 
+import time
 import uuid
 from contextlib import suppress
 from pathlib import Path
@@ -19,8 +20,20 @@ V2_ROOT = Path("/sys/fs/cgroup")
 
 
 def _v2_has_memory() -> bool:
-    controllers = V2_ROOT / "cgroup.controllers"
-    return controllers.exists() and "memory" in controllers.read_text().split()
+    """Whether the v2 root gives its children the ``memory`` controller (its subtree_control:
+    offered in cgroup.controllers is not enough, a child would have no ``memory.max``)."""
+    enabled = V2_ROOT / "cgroup.subtree_control"
+    return enabled.exists() and "memory" in enabled.read_text().split()
+
+
+def _cgroup_of(pid: int, v2: bool) -> str:
+    """The memory cgroup of *pid* (its path under the hierarchy's root), "/" when not found."""
+    with suppress(OSError):
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if (controllers == "") if v2 else ("memory" in controllers.split(",")):
+                return path
+    return "/"
 
 
 class MemoryCage:
@@ -35,23 +48,33 @@ class MemoryCage:
         else:
             raise RuntimeError(
                 "no memory cgroup controller (neither /sys/fs/cgroup/memory nor cgroup v2's "
-                "memory controller): the OOM test needs one, and root"
+                "memory controller enabled in /sys/fs/cgroup/cgroup.subtree_control): the OOM "
+                "test needs one, and root"
             )
         self.limit_bytes = limit_bytes
+        #: Where each process moved in came from (its memory cgroup), to go back there.
+        self._origins: dict[int, str] = {}
 
     def __enter__(self) -> MemoryCage:
         self.path.mkdir()
-        if self._v2:
-            (self.path / "memory.max").write_text(str(self.limit_bytes))
-            (self.path / "memory.swap.max").write_text("0")
-        else:
-            (self.path / "memory.limit_in_bytes").write_text(str(self.limit_bytes))
-            # No swap to escape to: past the limit the process is killed, not slowed.
-            (self.path / "memory.swappiness").write_text("0")
+        try:
+            if self._v2:
+                (self.path / "memory.max").write_text(str(self.limit_bytes))
+                swap = self.path / "memory.swap.max"
+                if swap.exists():  # absent without swap accounting: no swap to escape to
+                    swap.write_text("0")
+            else:
+                (self.path / "memory.limit_in_bytes").write_text(str(self.limit_bytes))
+                # No swap to escape to: past the limit the process is killed, not slowed.
+                (self.path / "memory.swappiness").write_text("0")
+        except BaseException:
+            self._remove()  # never left behind by a cage that could not be set up
+            raise
         return self
 
     def add(self, pid: int) -> None:
         """Move *pid* in: what it allocates from now on counts against the limit."""
+        self._origins[pid] = _cgroup_of(pid, self._v2)
         (self.path / "cgroup.procs").write_text(str(pid))
 
     def oom_kills(self) -> int:
@@ -69,11 +92,28 @@ class MemoryCage:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        # A process still in it (the test failed before the kill) goes back to the root
-        # cgroup, without a limit, so the cgroup can go; the test's cleanup stops it.
-        root = self.path.parent / "cgroup.procs"
-        for pid in (self.path / "cgroup.procs").read_text().split():
+        self._remove()
+
+    def _remove(self) -> None:
+        # A process still in it (the test failed before the kill) goes back to the cgroup
+        # it came from (and its limits, not the root's none), so the cage can go; the
+        # test's cleanup stops it. A process still exiting leaves within moments: the
+        # removal is tried again meanwhile.
+        root = self.path.parent
+        deadline = time.monotonic() + 5.0
+        while True:
             with suppress(OSError):
-                root.write_text(pid)
-        with suppress(OSError):
-            self.path.rmdir()
+                for pid in (self.path / "cgroup.procs").read_text().split():
+                    origin = root / self._origins.get(int(pid), "/").lstrip("/")
+                    with suppress(OSError):
+                        (origin / "cgroup.procs").write_text(pid)
+            try:
+                self.path.rmdir()
+            except FileNotFoundError:
+                return
+            except OSError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
+            else:
+                return
